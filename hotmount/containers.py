@@ -1,0 +1,262 @@
+"""From a container ID or a PID to the container's PIDs, cgroups and mount namespace.
+
+The cgroup is read from `/proc/<pid>/cgroup`, never rebuilt from the pod UID and
+QoS class: rebuilt paths are what broke earlier tools on containerd and the
+systemd driver. Finding a container by ID walks the cgroup tree (bounded, and
+cached) instead of scanning every process on the node; a `/proc` scan is only
+the fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from hotmount.cgroups.detect import CgroupLayout
+from hotmount.errors import ContainerNotFound, InvalidContainerRef, NotInContainer
+from hotmount.hostfs import HostRoot
+
+_RUNTIME_PREFIXES = ("containerd://", "cri-o://", "docker://")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# The last cgroup path component of a container, in every layout we know of:
+#   <id> (cgroupfs: containerd, dockershim, docker), cri-containerd-<id>.scope,
+#   crio-<id>.scope / crio-<id>, docker-<id>.scope, libpod-<id>.scope.
+_COMPONENT = re.compile(r"^(?:(?:cri-containerd|crio|docker|libpod)-)?([0-9a-f]{64})(?:\.scope)?$")
+MAX_WALK_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class ContainerRef:
+    container_id: str | None = None
+    pid: int | None = None
+
+    def __str__(self) -> str:
+        return f"pid:{self.pid}" if self.pid is not None else str(self.container_id)
+
+
+def parse_container_ref(text: str) -> ContainerRef:
+    """`<64 hex>`, `containerd://<id>`, `cri-o://<id>`, `docker://<id>` or `pid:<N>`."""
+    text = text.strip()
+    if text.startswith("pid:"):
+        number = text[4:]
+        if not number.isdigit() or not 0 < int(number) < 1 << 22:
+            raise InvalidContainerRef(f"{text!r}: a PID is a positive number, as in pid:4242")
+        return ContainerRef(pid=int(number))
+    for prefix in _RUNTIME_PREFIXES:
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+            break
+    if not _HEX64.match(text):
+        raise InvalidContainerRef(
+            f"{text!r} is not a container ID: 64 hex digits, optionally with a "
+            "containerd://, cri-o:// or docker:// prefix, or pid:N"
+        )
+    return ContainerRef(container_id=text)
+
+
+def container_id_from_path(cgroup_path: str) -> str | None:
+    """The container ID a cgroup path names, if any (CRI-O's nested `/container` too)."""
+    parts = [p for p in cgroup_path.split("/") if p]
+    if parts and parts[-1] == "container":
+        parts.pop()
+    if not parts or parts[-1].startswith("crio-conmon-"):
+        return None
+    match = _COMPONENT.match(parts[-1])
+    return match.group(1) if match else None
+
+
+@dataclass(frozen=True)
+class CgroupPaths:
+    """A process's cgroups as `/proc/<pid>/cgroup` names them (relative to each root)."""
+
+    v1_devices: str | None
+    v2: str | None
+
+
+def parse_proc_cgroup(text: str) -> CgroupPaths:
+    v1_devices = v2 = None
+    for line in text.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            v2 = path
+        elif "devices" in controllers.split(","):
+            v1_devices = path
+    return CgroupPaths(v1_devices, v2)
+
+
+@dataclass(frozen=True)
+class Container:
+    """A running container as the engine sees it from the host."""
+
+    id: str | None
+    init_pid: int
+    cgroups: CgroupPaths
+    v1_devices_dir: Path | None
+    v2_dir: Path | None
+    procs_dir: Path
+
+    @property
+    def key(self) -> str:
+        """The ledger key: the container ID, or `pid-<init>` for bare processes."""
+        return self.id or f"pid-{self.init_pid}"
+
+    def pids(self) -> list[int]:
+        """Every process in the container's cgroup and below, read live."""
+        return read_cgroup_pids(self.procs_dir)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "initPid": self.init_pid,
+            "cgroupV1Devices": self.cgroups.v1_devices,
+            "cgroupV2": self.cgroups.v2,
+        }
+
+
+def read_cgroup_pids(directory: Path) -> list[int]:
+    pids: list[int] = []
+    for root, _dirs, files in os.walk(directory):
+        if "cgroup.procs" in files:
+            try:
+                text = Path(root, "cgroup.procs").read_text()
+            except OSError:
+                continue
+            pids.extend(int(line) for line in text.split())
+    return sorted(set(pids))
+
+
+class ContainerResolver:
+    """Resolves references to `Container`s; caches where each container ID lives."""
+
+    def __init__(self, host: HostRoot, layout: CgroupLayout) -> None:
+        self.host = host
+        self.layout = layout
+        self._where: dict[str, Path] = {}
+
+    def resolve(self, ref: str | ContainerRef) -> Container:
+        if isinstance(ref, str):
+            ref = parse_container_ref(ref)
+        if ref.pid is not None:
+            return self._from_pid(ref.pid, expected_id=None)
+        assert ref.container_id is not None
+        pid = self._pid_of(ref.container_id)
+        return self._from_pid(pid, expected_id=ref.container_id)
+
+    def _pid_of(self, container_id: str) -> int:
+        cached = self._where.get(container_id)
+        if cached is not None and (pids := _pids_or_none(cached)):
+            return pids[0]
+        self._where.pop(container_id, None)
+        for root in (self.layout.v1_devices_root, self.layout.v2_root):
+            if root is None:
+                continue
+            found = find_cgroup_dir(root, container_id)
+            if found is not None and (pids := _pids_or_none(found)):
+                self._where[container_id] = found
+                return pids[0]
+        pid = self._scan_proc(container_id)
+        if pid is None:
+            raise ContainerNotFound(f"container {container_id} is not running on this node")
+        return pid
+
+    def _scan_proc(self, container_id: str) -> int | None:
+        """Fallback for layouts the walk does not reach: one pass over /proc."""
+        for entry in os.scandir(self.host.proc):
+            if not entry.name.isdigit():
+                continue
+            try:
+                text = Path(entry.path, "cgroup").read_text()
+            except OSError:
+                continue
+            paths = parse_proc_cgroup(text)
+            for path in (paths.v2, paths.v1_devices):
+                if path and container_id_from_path(path) == container_id:
+                    return int(entry.name)
+        return None
+
+    def _from_pid(self, pid: int, expected_id: str | None) -> Container:
+        if pid == 1:
+            raise NotInContainer("PID 1 is the host's init, not a container")
+        proc = self.host.proc / str(pid)
+        try:
+            paths = parse_proc_cgroup((proc / "cgroup").read_text())
+            mnt_ns = os.readlink(proc / "ns" / "mnt")
+        except FileNotFoundError as exc:
+            what = f"container {expected_id}" if expected_id else f"process {pid}"
+            raise ContainerNotFound(f"{what} is not running") from exc
+        host_ns = os.readlink(self.host.proc / "1" / "ns" / "mnt")
+        if mnt_ns == host_ns:
+            raise NotInContainer(f"process {pid} runs in the host's mount namespace")
+        v1_dir = self.layout.v1_dir(paths.v1_devices)
+        v2_dir = self.layout.v2_dir(paths.v2)
+        candidates = [
+            (path, directory)
+            for path, directory in ((paths.v2, v2_dir), (paths.v1_devices, v1_dir))
+            if path and path.strip("/") and directory is not None and directory.is_dir()
+        ]
+        if any(p.startswith("/..") for p, _ in candidates):
+            raise NotInContainer(
+                f"process {pid}'s cgroup is outside this agent's cgroup namespace; "
+                "run the agent in the host cgroup namespace"
+            )
+        if not candidates:
+            raise NotInContainer(f"process {pid} is not in a container's cgroup")
+        # The deepest cgroup holds exactly the container's processes.
+        cgroup_path, procs_dir = max(candidates, key=lambda c: c[0].count("/"))
+        container_id = expected_id or container_id_from_path(cgroup_path)
+        pids = read_cgroup_pids(procs_dir)
+        if pid not in pids:
+            raise ContainerNotFound(f"process {pid} left its container while being resolved")
+        return Container(
+            id=container_id,
+            init_pid=_init_pid(self.host, pids),
+            cgroups=paths,
+            v1_devices_dir=v1_dir,
+            v2_dir=v2_dir,
+            procs_dir=procs_dir,
+        )
+
+
+def _pids_or_none(directory: Path) -> list[int] | None:
+    try:
+        text = (directory / "cgroup.procs").read_text()
+    except OSError:
+        return None
+    return sorted(int(x) for x in text.split()) or None
+
+
+def find_cgroup_dir(root: Path, container_id: str) -> Path | None:
+    """Breadth-first search for the container's cgroup directory, depth-bounded."""
+    queue: deque[tuple[Path, int]] = deque([(root, 0)])
+    while queue:
+        directory, depth = queue.popleft()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if container_id in entry.name and container_id_from_path(entry.name) == container_id:
+                nested = Path(entry.path, "container")
+                return nested if (nested / "cgroup.procs").exists() else Path(entry.path)
+            if depth + 1 < MAX_WALK_DEPTH:
+                queue.append((Path(entry.path), depth + 1))
+    return None
+
+
+def _init_pid(host: HostRoot, pids: list[int]) -> int:
+    """The container's PID 1: the process whose innermost namespace PID is 1."""
+    for pid in pids:
+        try:
+            status = (host.proc / str(pid) / "status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:") and line.split()[-1] == "1":
+                return pid
+    return pids[0]

@@ -1,0 +1,139 @@
+"""The node's device inventory: the allow-list every request is checked against.
+
+An agent that can be talked into granting `/dev/sda` is a root shell on the
+node, so a request names a device from this inventory (index, UUID, MIG UUID or
+CDI name) and nothing else: raw `major:minor`, device paths and block devices
+are refused before anything is touched.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from hotmount.devices import cdi, mig, nvidia
+from hotmount.devices.model import Device, DeviceKind, DeviceNode
+from hotmount.errors import DeviceNotFound, InvalidDeviceRef
+from hotmount.hostfs import HostRoot
+
+DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+_INDEX = re.compile(r"^\d{1,3}$")
+_UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/_-]{1,120}$")
+_CDI = re.compile(r"^[a-z0-9.-]+/[a-zA-Z0-9_.-]+=[a-zA-Z0-9_.:-]+$")
+_RAW = re.compile(r"^([abc]\s+)?(\d+|\*):(\d+|\*)(\s+[rwm]+)?$")
+
+
+def check_ref(ref: str) -> str:
+    """Validate the *form* of a device reference; return it stripped."""
+    ref = ref.strip()
+    if _RAW.match(ref):
+        raise InvalidDeviceRef(
+            f"{ref!r} is a raw major:minor; name a device from the inventory "
+            "(index, UUID or CDI name)"
+        )
+    if ref.startswith("/"):
+        raise InvalidDeviceRef(f"{ref!r} is a path; name a device from the inventory")
+    if not (_INDEX.match(ref) or _UUID.match(ref) or _CDI.match(ref)):
+        raise InvalidDeviceRef(
+            f"{ref!r} is not a device name: use an index (0), a UUID (GPU-..., MIG-...) "
+            "or a CDI name (vendor/class=name)"
+        )
+    return ref
+
+
+@dataclass
+class Inventory:
+    devices: list[Device]
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._by_name: dict[str, Device] = {}
+        for device in self.devices:
+            for name in (device.key, *device.aliases):
+                self._by_name.setdefault(name, device)
+
+    @classmethod
+    def load(
+        cls,
+        host: HostRoot,
+        cdi_dirs: Iterable[str] = DEFAULT_CDI_DIRS,
+        use_nvml: bool = True,
+    ) -> Inventory:
+        gpus = (nvidia.gpus_from_nvml() if use_nvml else None) or nvidia.gpus_from_procfs(host)
+        devices: list[Device] = []
+        if gpus:
+            control = nvidia.control_nodes(host, nvidia.char_majors(host))
+            by_minor = {gpu.minor: gpu for gpu in gpus}
+            for gpu in gpus:
+                devices.append(
+                    Device(
+                        key=gpu.uuid,
+                        kind=DeviceKind.GPU,
+                        nodes=(nvidia.gpu_node(gpu.minor),),
+                        shared_nodes=control,
+                        index=gpu.index,
+                        uuid=gpu.uuid,
+                        pci_bus_id=gpu.pci_bus_id,
+                        minor=gpu.minor,
+                        aliases=(str(gpu.index),),
+                    )
+                )
+            devices += _mig_devices(host, by_minor, control)
+        found = cdi.load_specs(host, list(cdi_dirs))
+        return cls(devices + found.devices, found.refused)
+
+    def resolve(self, ref: str) -> Device:
+        ref = check_ref(ref)
+        if ref in self.refused:
+            raise InvalidDeviceRef(f"device {ref} is refused: {self.refused[ref]}")
+        device = self._by_name.get(ref)
+        if device is None:
+            raise DeviceNotFound(f"device {ref!r} is not in this node's inventory")
+        return device
+
+    def resolve_all(self, refs: Iterable[str]) -> list[Device]:
+        """Resolve every reference before anything is done; duplicates collapse."""
+        chosen: dict[str, Device] = {}
+        for ref in refs:
+            device = self.resolve(ref)
+            chosen.setdefault(device.key, device)
+        if not chosen:
+            raise InvalidDeviceRef("no device named")
+        return list(chosen.values())
+
+    def get(self, key: str) -> Device | None:
+        return self._by_name.get(key)
+
+
+def _mig_devices(
+    host: HostRoot, gpus_by_minor: dict[int, nvidia.GpuInfo], control: tuple[DeviceNode, ...]
+) -> list[Device]:
+    majors = nvidia.char_majors(host)
+    caps_major = majors.get("nvidia-caps")
+    if caps_major is None:
+        return []
+    devices = []
+    for instance in mig.mig_instances(host):
+        parent = gpus_by_minor.get(instance.gpu_minor)
+        if parent is None:
+            continue
+        key = f"MIG-{parent.uuid}/{instance.gi}/{instance.ci}"
+        caps = "/dev/nvidia-caps/nvidia-cap"
+        devices.append(
+            Device(
+                key=key,
+                kind=DeviceKind.MIG,
+                nodes=(
+                    nvidia.gpu_node(parent.minor),
+                    DeviceNode(f"{caps}{instance.gi_cap_minor}", caps_major, instance.gi_cap_minor),
+                    DeviceNode(f"{caps}{instance.ci_cap_minor}", caps_major, instance.ci_cap_minor),
+                ),
+                shared_nodes=control,
+                parent=parent.uuid,
+                minor=parent.minor,
+                aliases=(f"{parent.index}:{instance.gi}:{instance.ci}",),
+            )
+        )
+    return devices

@@ -1,0 +1,623 @@
+"""The engine: mount, unmount, status and reconcile for one container at a time.
+
+Order for mount: validate everything, claim the devices, write the plan as
+pending, grant the cgroup, then create the nodes, so that no node appears that
+cannot be opened; for unmount: check use, remove the nodes, then revoke. Every
+step is idempotent and a failure rolls back what the operation did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hotmount import plan, usage
+from hotmount.cgroups.detect import CgroupLayout, detect
+from hotmount.cgroups.v1 import V1Devices
+from hotmount.cgroups.v2 import V2Devices
+from hotmount.containers import Container, ContainerRef, ContainerResolver
+from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
+from hotmount.devices.model import Device, DeviceRule
+from hotmount.devnodes import ContainerFs, NodeState, open_container_fs
+from hotmount.errors import (
+    ContainerNotFound,
+    DeviceBusy,
+    DeviceClaimed,
+    Holder,
+    HotmountError,
+    NotInContainer,
+    UnsafePath,
+)
+from hotmount.hostfs import HostRoot
+from hotmount.ledger import ContainerRecord, DeviceRecord, Ledger, NodeRecord, PendingOp, now
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STATE_DIR = Path("/var/lib/gpu-hotmount")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    host_root: Path = Path("/")
+    cdi_dirs: tuple[str, ...] = DEFAULT_CDI_DIRS
+    state_dir: Path = DEFAULT_STATE_DIR
+    use_nvml: bool = True
+    node_method: str = "auto"  # auto | openat2 | setns
+    stop_grace: float = 10.0
+
+
+@dataclass
+class MountedDevice:
+    key: str
+    kind: str
+    index: int | None
+    uuid: str | None
+    paths: list[str]
+
+
+@dataclass
+class MountResult:
+    container: dict[str, object]
+    mounted: list[MountedDevice]
+    already_mounted: list[MountedDevice]
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass
+class UnmountResult:
+    container: dict[str, object]
+    unmounted: list[str]
+    not_mounted: list[str]
+    stopped_pids: list[int]
+    removed_nodes: list[str]
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass
+class NodeStatus:
+    path: str
+    major: int
+    minor: int
+    state: str
+    granted: bool
+    created_by_us: bool
+
+
+@dataclass
+class DeviceStatus:
+    key: str
+    kind: str
+    mounted_at: str
+    metadata: dict[str, str]
+    nodes: list[NodeStatus]
+
+
+@dataclass
+class ContainerStatus:
+    key: str
+    container_id: str | None
+    init_pid: int
+    running: bool
+    devices: list[DeviceStatus]
+    pending: str | None
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass
+class ReconcileReport:
+    checked: int = 0
+    regranted: int = 0
+    rewrapped: int = 0
+    recreated: int = 0
+    pending_finished: int = 0
+    forgotten: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def repairs(self) -> int:
+        return self.regranted + self.rewrapped + self.recreated + self.pending_finished
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.host = HostRoot(self.config.host_root)
+        self.layout: CgroupLayout = detect(self.host)
+        self.resolver = ContainerResolver(self.host, self.layout)
+        self.ledger = Ledger(self.config.state_dir)
+        self.inventory = self.load_inventory()
+
+    def load_inventory(self) -> Inventory:
+        self.inventory = Inventory.load(self.host, self.config.cdi_dirs, self.config.use_nvml)
+        return self.inventory
+
+    def resolve(self, ref: str | ContainerRef) -> Container:
+        return self.resolver.resolve(ref)
+
+    def holders(self) -> dict[str, str]:
+        """Device key -> the container key it is hot-mounted into."""
+        return self.ledger.claims()
+
+    # -- mount
+    def mount(
+        self,
+        ref: str | ContainerRef | Container,
+        device_refs: list[str],
+        force: bool = False,
+        metadata: dict[str, str] | None = None,
+    ) -> MountResult:
+        devices = self.inventory.resolve_all(device_refs)
+        container = ref if isinstance(ref, Container) else self.resolve(ref)
+        with _Liveness(self.host, container) as alive, self.ledger.lock(container.key):
+            record = self._record_for(container, alive.start_time)
+            if record.pending is not None:
+                self._finish_pending(record, container)
+            new = [d for d in devices if d.key not in record.devices]
+            already = [_mounted(d) for d in devices if d.key in record.devices]
+            if not new:
+                return MountResult(container.as_dict(), [], already)
+            self._claim(new, container.key, force)
+            try:
+                self._mount_new(record, container, new, metadata or {}, alive)
+            except BaseException:
+                for device in new:
+                    self.ledger.release(device.key, container.key)
+                raise
+            return MountResult(container.as_dict(), [_mounted(d) for d in new], already)
+
+    def _claim(self, devices: list[Device], owner: str, force: bool) -> None:
+        taken: list[str] = []
+        try:
+            for device in devices:
+                holder = self.ledger.claim(device.key, owner)
+                if holder is not None:
+                    if not force and self._record_alive(holder):
+                        raise DeviceClaimed(
+                            f"device {_label(device)} is hot-mounted in container {holder}; "
+                            "unmount it there first, or force",
+                            holder,
+                        )
+                    self.ledger.take_over(device.key, owner)
+                taken.append(device.key)
+        except BaseException:
+            for key in taken:
+                self.ledger.release(key, owner)
+            raise
+
+    def _mount_new(
+        self,
+        record: ContainerRecord,
+        container: Container,
+        new: list[Device],
+        metadata: dict[str, str],
+        alive: _Liveness,
+    ) -> None:
+        with self._fs(container) as fs:
+            adding = plan.nodes_to_add(record, new)
+            v1 = self._v1(record.v1_dir)
+            pending = []
+            for node in adding:
+                state = fs.state(node)
+                if state is NodeState.MISMATCH:
+                    raise UnsafePath(f"{node.path} in the container is not the expected device")
+                pending.append(
+                    NodeRecord(
+                        path=node.path,
+                        major=node.major,
+                        minor=node.minor,
+                        file_mode=node.file_mode,
+                        permissions=node.permissions,
+                        created=state is NodeState.ABSENT,
+                        v1_added=v1 is not None and not v1.allows(node.rule),
+                    )
+                )
+            record.pending = PendingOp(op="mount", devices=[d.key for d in new], nodes=pending)
+            self.ledger.save(record)
+            created: list[NodeRecord] = []
+            try:
+                for node_record in pending:
+                    if node_record.v1_added:
+                        assert v1 is not None
+                        v1.allow(_rule(node_record))
+                self._v2_grant(record.v2_dir, [*record.nodes.values(), *pending])
+                for node_record in pending:
+                    node_record.created = fs.ensure(plan.node_of(node_record))
+                    if node_record.created:
+                        created.append(node_record)
+                alive.check()
+            except BaseException:
+                self._undo_mount(record, pending, created, fs)
+                raise
+            for node_record in pending:
+                record.nodes[node_record.path] = node_record
+            for device in new:
+                record.devices[device.key] = DeviceRecord(
+                    key=device.key,
+                    kind=str(device.kind),
+                    node_paths=[n.path for n in device.all_nodes],
+                    mounted_at=now(),
+                    metadata=metadata,
+                )
+            record.pending = None
+            self.ledger.save(record)
+            log.info("mounted %s into %s", [d.key for d in new], container.key)
+
+    def _undo_mount(
+        self,
+        record: ContainerRecord,
+        pending: list[NodeRecord],
+        created: list[NodeRecord],
+        fs: ContainerFs | None,
+    ) -> None:
+        """Best effort, every step: the original error is what the caller must see."""
+        for node_record in created:
+            if fs is not None:
+                _quietly(fs.remove, plan.node_of(node_record))
+        v1 = self._v1(record.v1_dir)
+        for node_record in pending:
+            if node_record.v1_added and v1 is not None:
+                _quietly(v1.deny, _rule(node_record))
+        v2 = self._v2(record.v2_dir)
+        if v2 is not None:
+            _quietly(v2.revoke, [_rule(n) for n in pending if n.path not in record.nodes])
+        record.pending = None
+        _quietly(self.ledger.save, record)
+
+    # -- unmount
+    def unmount(
+        self,
+        ref: str | ContainerRef | Container,
+        device_refs: list[str] | None = None,
+        force: bool = False,
+    ) -> UnmountResult:
+        container = ref if isinstance(ref, Container) else self.resolve(ref)
+        with _Liveness(self.host, container) as alive, self.ledger.lock(container.key):
+            record = self._record_for(container, alive.start_time)
+            if record.pending is not None:
+                self._finish_pending(record, container)
+            keys = self._keys(record, device_refs)
+            targets = [k for k in keys if k in record.devices]
+            missing = [k for k in keys if k not in record.devices]
+            if not targets:
+                return UnmountResult(container.as_dict(), [], missing, [], [])
+            leaving = plan.nodes_to_remove(record, targets)
+            stopped = self._check_use(container, record, targets, leaving, force)
+            record.pending = PendingOp(op="unmount", devices=targets, nodes=leaving)
+            self.ledger.save(record)
+            removed = self._apply_unmount(record, container)
+            log.info("unmounted %s from %s", targets, container.key)
+            return UnmountResult(container.as_dict(), targets, missing, stopped, removed)
+
+    def _keys(self, record: ContainerRecord, refs: list[str] | None) -> list[str]:
+        if refs is None:
+            return list(record.devices)
+        keys = []
+        for ref in refs:
+            if ref in record.devices:  # also devices that left the inventory since
+                keys.append(ref)
+                continue
+            keys.append(self.inventory.resolve(ref).key)
+        return list(dict.fromkeys(keys))
+
+    def _check_use(
+        self,
+        container: Container,
+        record: ContainerRecord,
+        targets: list[str],
+        leaving: list[NodeRecord],
+        force: bool,
+    ) -> list[int]:
+        numbers = {(n.major, n.minor) for n in leaving}
+        for key in targets:
+            for path in record.devices[key].node_paths:
+                if path in record.nodes:
+                    numbers.add((record.nodes[path].major, record.nodes[path].minor))
+        found = self._holders(container, targets, numbers)
+        if not found:
+            return []
+        if not force:
+            names = ", ".join(f"PID {h.pid} ({h.command}) holds {h.path}" for h in found)
+            raise DeviceBusy(f"the device is in use in container {container.key}: {names}", found)
+        stopped = usage.stop({h.pid for h in found}, self.config.stop_grace)
+        still = self._holders(container, targets, numbers)
+        if still:
+            raise DeviceBusy("processes still hold the device after SIGKILL", still)
+        return stopped
+
+    def _holders(
+        self, container: Container, targets: list[str], numbers: set[tuple[int, int]]
+    ) -> list[Holder]:
+        pids = container.pids()
+        found = usage.holders(self.host.proc, pids, numbers)
+        uuids = [d.uuid for k in targets if (d := self.inventory.get(k)) and d.uuid]
+        extra = (usage.nvml_pids(uuids) & set(pids)) - {h.pid for h in found}
+        found += [Holder(pid, usage.comm(self.host.proc, pid), "(NVML)") for pid in extra]
+        return found
+
+    def _apply_unmount(self, record: ContainerRecord, container: Container | None) -> list[str]:
+        """Roll an unmount forward: remove our nodes, revoke our grants, drop the records."""
+        assert record.pending is not None
+        leaving = record.pending.nodes
+        removed = []
+        if container is not None:
+            with self._fs(container) as fs:
+                for node_record in leaving:
+                    if not node_record.created:
+                        continue
+                    try:
+                        if fs.remove(plan.node_of(node_record)):
+                            removed.append(node_record.path)
+                    except UnsafePath as exc:
+                        log.warning("leaving %s alone: %s", node_record.path, exc)
+        v1 = self._v1(record.v1_dir)
+        for node_record in leaving:
+            if node_record.v1_added and v1 is not None:
+                with contextlib.suppress(ContainerNotFound):
+                    v1.deny(_rule(node_record))
+        v2 = self._v2(record.v2_dir)
+        if v2 is not None:
+            with contextlib.suppress(ContainerNotFound):
+                v2.revoke([_rule(n) for n in leaving])
+        for node_record in leaving:
+            record.nodes.pop(node_record.path, None)
+        for key in record.pending.devices:
+            record.devices.pop(key, None)
+            self.ledger.release(key, record.key)
+        record.pending = None
+        self.ledger.save(record)
+        return removed
+
+    def _finish_pending(self, record: ContainerRecord, container: Container | None) -> None:
+        """A previous process died midway: roll a mount back, an unmount forward."""
+        assert record.pending is not None
+        if record.pending.op == "unmount":
+            self._apply_unmount(record, container)
+            return
+        fs_cm = self._fs(container) if container is not None else contextlib.nullcontext()
+        with fs_cm as fs:
+            maybe_created = [n for n in record.pending.nodes if n.created]
+            for device in record.pending.devices:
+                self.ledger.release(device, record.key)
+            self._undo_mount(record, record.pending.nodes, maybe_created, fs)
+
+    # -- status
+    def status(self, ref: str | ContainerRef | Container) -> ContainerStatus:
+        container = ref if isinstance(ref, Container) else self.resolve(ref)
+        record = self.ledger.load(container.key)
+        if record is None:
+            return ContainerStatus(container.key, container.id, container.init_pid, True, [], None)
+        return self._status(record, container)
+
+    def statuses(self) -> list[ContainerStatus]:
+        return [self._status(r, self._live(r)) for r in self.ledger.records()]
+
+    def _status(self, record: ContainerRecord, container: Container | None) -> ContainerStatus:
+        v1, v2 = self._v1(record.v1_dir), self._v2(record.v2_dir)
+        v2_grants: frozenset[DeviceRule] | None = None
+        if container is not None and v2 is not None:
+            with contextlib.suppress(ContainerNotFound):
+                state = v2.state()
+                v2_grants = state.grants if state.restricted else None
+        node_status: dict[str, NodeStatus] = {}
+        fs_cm = self._fs(container) if container is not None else contextlib.nullcontext()
+        with fs_cm as fs:
+            for path, node_record in record.nodes.items():
+                rule = _rule(node_record)
+                state = fs.state(plan.node_of(node_record)).value if fs else "unknown"
+                granted = container is not None
+                with contextlib.suppress(ContainerNotFound):
+                    if v1 is not None and container is not None:
+                        granted = granted and v1.allows(rule)
+                if v2_grants is not None:
+                    granted = granted and rule in v2_grants
+                node_status[path] = NodeStatus(
+                    path,
+                    node_record.major,
+                    node_record.minor,
+                    state,
+                    granted,
+                    node_record.created,
+                )
+        devices = [
+            DeviceStatus(
+                d.key,
+                d.kind,
+                d.mounted_at,
+                d.metadata,
+                [node_status[p] for p in d.node_paths if p in node_status],
+            )
+            for d in record.devices.values()
+        ]
+        pending = record.pending.op if record.pending else None
+        return ContainerStatus(
+            record.key,
+            record.container_id,
+            record.init_pid,
+            container is not None,
+            devices,
+            pending,
+        )
+
+    # -- reconcile
+    def reconcile(self) -> ReconcileReport:
+        report = ReconcileReport()
+        for stale in self.ledger.records():
+            with self.ledger.lock(stale.key):
+                record = self.ledger.load(stale.key)
+                if record is None:
+                    continue
+                report.checked += 1
+                try:
+                    self._reconcile_one(record, report)
+                except HotmountError as exc:
+                    report.errors[record.key] = exc.message
+                    log.warning("reconcile %s: %s", record.key, exc.message)
+        live_keys = {r.key for r in self.ledger.records()}
+        for device, owner in self.ledger.claims().items():
+            if owner not in live_keys:
+                self.ledger.release(device, owner)
+        return report
+
+    def _reconcile_one(self, record: ContainerRecord, report: ReconcileReport) -> None:
+        container = self._live(record)
+        if container is None:
+            for key in record.devices:
+                self.ledger.release(key, record.key)
+            self.ledger.delete(record.key)
+            report.forgotten.append(record.key)
+            log.info("forgot %s: the container is gone", record.key)
+            return
+        if record.pending is not None:
+            self._finish_pending(record, container)
+            report.pending_finished += 1
+        v1 = self._v1(record.v1_dir)
+        if v1 is not None:
+            for node_record in record.nodes.values():
+                if node_record.v1_added and not v1.allows(_rule(node_record)):
+                    v1.allow(_rule(node_record))
+                    report.regranted += 1
+        v2 = self._v2(record.v2_dir)
+        if v2 is not None and record.nodes:
+            rules = [_rule(n) for n in record.nodes.values()]
+            before = v2.state()
+            report.rewrapped += v2.grant(rules)
+            if before.restricted:
+                report.regranted += len(set(rules) - before.grants)
+        with self._fs(container) as fs:
+            for node_record in record.nodes.values():
+                if fs.state(plan.node_of(node_record)) is NodeState.ABSENT:
+                    fs.ensure(plan.node_of(node_record))
+                    node_record.created = True
+                    report.recreated += 1
+        self.ledger.save(record)
+
+    # -- helpers
+    def _record_for(self, container: Container, start_time: int) -> ContainerRecord:
+        record = self.ledger.load(container.key)
+        fresh = ContainerRecord(
+            key=container.key,
+            container_id=container.id,
+            init_pid=container.init_pid,
+            init_start_time=start_time,
+            v1_dir=str(container.v1_devices_dir) if container.v1_devices_dir else None,
+            v2_dir=str(container.v2_dir) if container.v2_dir else None,
+        )
+        if record is None:
+            return fresh
+        if (record.init_pid, record.init_start_time) != (container.init_pid, start_time):
+            log.warning("dropping the stale record of %s: its init process changed", record.key)
+            for key in record.devices:
+                self.ledger.release(key, record.key)
+            return fresh
+        return record
+
+    def _live(self, record: ContainerRecord) -> Container | None:
+        ref = (
+            ContainerRef(container_id=record.container_id)
+            if record.container_id
+            else ContainerRef(pid=record.init_pid)
+        )
+        try:
+            container = self.resolve(ref)
+        except (ContainerNotFound, NotInContainer):
+            return None
+        if container.init_pid != record.init_pid:
+            return None
+        if _start_time(self.host, container.init_pid) != record.init_start_time:
+            return None
+        return container
+
+    def _record_alive(self, key: str) -> bool:
+        record = self.ledger.load(key)
+        return record is not None and self._live(record) is not None
+
+    def _v1(self, directory: str | None) -> V1Devices | None:
+        if directory is None or Path(directory) == self.layout.v1_devices_root:
+            return None  # the root cgroup restricts nothing
+        return V1Devices(Path(directory))
+
+    def _v2(self, directory: str | None) -> V2Devices | None:
+        if directory is None or Path(directory) == self.layout.v2_root:
+            return None
+        return V2Devices(Path(directory))
+
+    def _v2_grant(self, directory: str | None, nodes: list[NodeRecord]) -> None:
+        v2 = self._v2(directory)
+        if v2 is not None:
+            v2.grant([_rule(n) for n in nodes])
+
+    @contextlib.contextmanager
+    def _fs(self, container: Container) -> Iterator[ContainerFs]:
+        fs = open_container_fs(self.host.proc / str(container.init_pid), self.config.node_method)
+        try:
+            yield fs
+        finally:
+            fs.close()
+
+
+class _Liveness:
+    """A pidfd on the container's init: notices an exit mid-operation, and PID reuse."""
+
+    def __init__(self, host: HostRoot, container: Container) -> None:
+        self.container = container
+        self.host = host
+
+    def __enter__(self) -> _Liveness:
+        try:
+            self.fd = os.pidfd_open(self.container.init_pid)
+        except ProcessLookupError as exc:
+            raise ContainerNotFound(f"container {self.container.key} has exited") from exc
+        self.start_time = _start_time(self.host, self.container.init_pid)
+        self.check()
+        return self
+
+    def check(self) -> None:
+        readable, _, _ = select.select([self.fd], [], [], 0)
+        if readable:
+            raise ContainerNotFound(f"container {self.container.key} exited mid-operation")
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+
+def _start_time(host: HostRoot, pid: int) -> int:
+    try:
+        text = (host.proc / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError) as exc:
+        raise ContainerNotFound(f"process {pid} has exited") from exc
+    return int(text.rpartition(")")[2].split()[19])  # field 22: starttime
+
+
+def _rule(node_record: NodeRecord) -> DeviceRule:
+    return plan.node_of(node_record).rule
+
+
+def _mounted(device: Device) -> MountedDevice:
+    return MountedDevice(
+        device.key, str(device.kind), device.index, device.uuid, [n.path for n in device.nodes]
+    )
+
+
+def _label(device: Device) -> str:
+    return f"{device.index} ({device.key})" if device.index is not None else device.key
+
+
+def _quietly(fn: object, *args: object) -> None:
+    try:
+        fn(*args)  # type: ignore[operator]
+    except Exception as exc:  # rollback must not hide the error that caused it
+        log.warning("rollback step %s failed: %s", getattr(fn, "__name__", fn), exc)

@@ -1,0 +1,107 @@
+"""The engine's exception tree; every error carries a machine-readable reason.
+
+    HotmountError
+    ├── InvalidRequest            400  bad input: refused before any side effect
+    │   ├── InvalidContainerRef        malformed container ID or PID
+    │   ├── InvalidDeviceRef           raw major:minor, block device, malformed name
+    │   └── NotInContainer             host PID 1, or a process in the host's namespaces
+    ├── NotFound                  404
+    │   ├── ContainerNotFound          no such container, or it exited mid-operation
+    │   └── DeviceNotFound             not in the node's inventory
+    ├── Conflict                  409
+    │   ├── DeviceBusy                 a container process holds the device open
+    │   ├── DeviceClaimed              hot-mounted into another container
+    │   └── UnsafePath                 an existing path is not the expected device node
+    └── KernelError               500  a syscall failed for a reason that is not the caller's
+        └── BpfError                   a bpf() command failed (verifier log attached)
+
+The agent maps `reason` and the HTTP code straight into a Kubernetes `Status`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class HotmountError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+    reason = "InternalError"
+    http_status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(HotmountError):
+    reason = "BadRequest"
+    http_status = 400
+
+
+class InvalidContainerRef(InvalidRequest):
+    reason = "InvalidContainer"
+
+
+class InvalidDeviceRef(InvalidRequest):
+    reason = "InvalidDevice"
+
+
+class NotInContainer(InvalidRequest):
+    reason = "NotInContainer"
+
+
+class NotFound(HotmountError):
+    reason = "NotFound"
+    http_status = 404
+
+
+class ContainerNotFound(NotFound):
+    reason = "ContainerNotFound"
+
+
+class DeviceNotFound(NotFound):
+    reason = "DeviceNotFound"
+
+
+class Conflict(HotmountError):
+    reason = "Conflict"
+    http_status = 409
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process that holds one of a device's nodes open."""
+
+    pid: int
+    command: str
+    path: str
+
+
+class DeviceBusy(Conflict):
+    reason = "DeviceBusy"
+
+    def __init__(self, message: str, holders: list[Holder]) -> None:
+        super().__init__(message)
+        self.holders = holders
+
+
+class DeviceClaimed(Conflict):
+    reason = "DeviceClaimed"
+
+    def __init__(self, message: str, owner: str) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
+class UnsafePath(Conflict):
+    reason = "UnsafePath"
+
+
+class KernelError(HotmountError):
+    reason = "KernelError"
+    http_status = 500
+
+
+class BpfError(KernelError):
+    reason = "BpfError"

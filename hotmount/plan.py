@@ -1,0 +1,47 @@
+"""Which nodes an operation adds or removes: pure functions over a ledger record.
+
+Nodes shared by several devices (control nodes, a MIG parent's GPU node) are
+reference-counted through the devices' `node_paths`: a node comes with the
+first device that needs it and goes with the last.
+"""
+
+from __future__ import annotations
+
+from hotmount.devices.model import Device, DeviceNode
+from hotmount.errors import UnsafePath
+from hotmount.ledger import ContainerRecord, NodeRecord
+
+
+def nodes_to_add(record: ContainerRecord, devices: list[Device]) -> list[DeviceNode]:
+    wanted: dict[str, DeviceNode] = {}
+    for device in devices:
+        for node in device.all_nodes:
+            other = wanted.get(node.path)
+            known = record.nodes.get(node.path)
+            for previous in (other, known):
+                if previous is not None and (previous.major, previous.minor) != (
+                    node.major,
+                    node.minor,
+                ):
+                    raise UnsafePath(
+                        f"{node.path} is wanted as {node.major}:{node.minor} but is already "
+                        f"{previous.major}:{previous.minor} for another device"
+                    )
+            if known is None:
+                wanted[node.path] = node
+    return list(wanted.values())
+
+
+def nodes_to_remove(record: ContainerRecord, keys: list[str]) -> list[NodeRecord]:
+    leaving = {path for key in keys for path in record.devices[key].node_paths}
+    staying = {
+        path
+        for key, device in record.devices.items()
+        if key not in keys
+        for path in device.node_paths
+    }
+    return [record.nodes[path] for path in sorted(leaving - staying) if path in record.nodes]
+
+
+def node_of(record: NodeRecord) -> DeviceNode:
+    return DeviceNode(record.path, record.major, record.minor, record.file_mode, record.permissions)

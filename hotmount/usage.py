@@ -1,0 +1,130 @@
+"""Who in a container holds a device open, and stopping them when asked to.
+
+Revoking a device stops new `open()`s only: descriptors opened before stay
+usable. So unmount looks at `/proc/<pid>/fd` of every process in the container
+(and NVML's process list where it loads) before it revokes anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import stat
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from hotmount.errors import Holder
+
+
+def holders(proc: Path, pids: Iterable[int], numbers: set[tuple[int, int]]) -> list[Holder]:
+    """Processes among `pids` with an open fd on a character device in `numbers`."""
+    found: dict[tuple[int, str], Holder] = {}
+    for pid in pids:
+        fd_dir = proc / str(pid) / "fd"
+        try:
+            entries = list(os.scandir(fd_dir))
+        except OSError:
+            continue  # exited, or a kernel thread
+        for entry in entries:
+            try:
+                st = os.stat(entry.path)  # follows the magic link to the open file
+            except OSError:
+                continue
+            if not stat.S_ISCHR(st.st_mode):
+                continue
+            number = (os.major(st.st_rdev), os.minor(st.st_rdev))
+            if number in numbers:
+                path = _readlink(entry.path)
+                found.setdefault((pid, path), Holder(pid, comm(proc, pid), path))
+    return sorted(found.values(), key=lambda h: (h.pid, h.path))
+
+
+def nvml_pids(uuids: Iterable[str]) -> set[int]:
+    """Host PIDs NVML reports on these GPUs; empty where NVML does not load."""
+    try:
+        import pynvml
+    except ImportError:
+        return set()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return set()
+    pids: set[int] = set()
+    try:
+        for uuid in uuids:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                for getter in (
+                    pynvml.nvmlDeviceGetComputeRunningProcesses,
+                    pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+                ):
+                    pids.update(p.pid for p in getter(handle))
+            except pynvml.NVMLError:
+                continue
+    finally:
+        pynvml.nvmlShutdown()
+    return pids
+
+
+def stop(pids: Iterable[int], grace: float) -> list[int]:
+    """SIGTERM, wait up to `grace` seconds, then SIGKILL; return the PIDs that were signalled.
+
+    pidfds make the signals land on the very processes found, not on a reused PID.
+    """
+    pidfds: dict[int, int] = {}
+    for pid in set(pids):
+        try:
+            pidfds[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+    try:
+        for fd in pidfds.values():
+            _signal(fd, signal.SIGTERM)
+        remaining = _wait(pidfds, grace)
+        for pid in remaining:
+            _signal(pidfds[pid], signal.SIGKILL)
+        _wait({pid: pidfds[pid] for pid in remaining}, 5.0)
+    finally:
+        for fd in pidfds.values():
+            os.close(fd)
+    return sorted(pidfds)
+
+
+def _signal(pidfd: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(pidfd, signum)
+
+
+def _wait(pidfds: dict[int, int], timeout: float) -> list[int]:
+    """Wait until the processes exit; return those still alive at the deadline."""
+    poller = select.poll()
+    by_fd = {fd: pid for pid, fd in pidfds.items()}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    alive = set(by_fd)
+    deadline = time.monotonic() + timeout
+    while alive:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        for fd, _event in poller.poll(left * 1000):
+            alive.discard(fd)
+            poller.unregister(fd)
+    return sorted(by_fd[fd] for fd in alive)
+
+
+def comm(proc: Path, pid: int) -> str:
+    try:
+        return (proc / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
