@@ -188,8 +188,7 @@ class ContainerResolver:
         except FileNotFoundError as exc:
             what = f"container {expected_id}" if expected_id else f"process {pid}"
             raise ContainerNotFound(f"{what} is not running") from exc
-        host_ns = os.readlink(self.host.proc / "1" / "ns" / "mnt")
-        if mnt_ns == host_ns:
+        if mnt_ns == self._host_mnt_ns():
             raise NotInContainer(f"process {pid} runs in the host's mount namespace")
         v1_dir = self.layout.v1_dir(paths.v1_devices)
         v2_dir = self.layout.v2_dir(paths.v2)
@@ -219,6 +218,13 @@ class ContainerResolver:
             v2_dir=v2_dir,
             procs_dir=procs_dir,
         )
+
+    def _host_mnt_ns(self) -> str:
+        """The host's mount namespace: PID 1's, or ours where PID 1's is hidden from us."""
+        try:
+            return os.readlink(self.host.proc / "1" / "ns" / "mnt")
+        except PermissionError:
+            return os.readlink("/proc/self/ns/mnt")
 
 
 def _pids_or_none(directory: Path) -> list[int] | None:

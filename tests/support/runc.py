@@ -1,0 +1,192 @@
+"""Real containers for kernel tests: runc with a busybox-static rootfs, in both cgroup modes.
+
+v1 (hybrid host, the default here): runc puts the container in
+`/sys/fs/cgroup/devices/<id>` with deny-all plus its allow list.
+v2: runc runs in a private mount namespace whose `/sys/fs/cgroup` is the
+cgroup2 hierarchy, so it attaches its own BPF device program; the host sees
+that cgroup at `/sys/fs/cgroup/unified/<id>`. Every runc command for a v2
+container runs in such a namespace, or runc would look for v1 cgroups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+BUSYBOX_APPLETS = ("sh", "ls", "cat", "sleep", "mknod", "echo", "ln", "rm", "stat", "true")
+_ENOENT = "x: No such file or directory"
+_V2_PREFIX = (
+    "mount --make-rprivate / && umount -l /sys/fs/cgroup && "
+    'mount -t cgroup2 none /sys/fs/cgroup && exec runc "$@"'
+)
+
+
+def missing_requirements() -> str | None:
+    """Why kernel tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (cgroups, bpf(), mknod in a container's namespace)"
+    for tool in ("runc", "unshare", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"needs {tool} (apt-get install runc util-linux)"
+    if busybox() is None:
+        return "needs a static busybox (apt-get install busybox-static)"
+    return None
+
+
+def busybox() -> Path | None:
+    """A statically linked busybox: it must run inside a rootfs with no libc."""
+    for candidate in ("/bin/busybox", "/usr/bin/busybox"):
+        path = Path(candidate)
+        if path.exists() and b"ld-linux" not in path.read_bytes()[:65536]:
+            return path
+    return None
+
+
+def make_rootfs(directory: Path) -> Path:
+    rootfs = directory / "rootfs"
+    (rootfs / "bin").mkdir(parents=True)
+    box = busybox()
+    assert box is not None
+    shutil.copy(box, rootfs / "bin" / "busybox")
+    for applet in BUSYBOX_APPLETS:
+        (rootfs / "bin" / applet).symlink_to("busybox")
+    for extra in ("tmp", "proc", "sys", "dev"):
+        (rootfs / extra).mkdir()
+    return rootfs
+
+
+def new_id() -> str:
+    return secrets.token_hex(32)
+
+
+class RuncContainer:
+    """One running container; `mode` is "v1" or "v2"."""
+
+    def __init__(self, workdir: Path, rootfs: Path, mode: str, args: list[str] | None = None):
+        self.mode = mode
+        self.id = new_id()
+        self.bundle = workdir / f"bundle-{self.id[:12]}"
+        self.state_root = workdir / f"runc-{mode}"
+        self.bundle.mkdir(parents=True)
+        subprocess.run(["runc", "spec"], cwd=self.bundle, check=True)
+        config = json.loads((self.bundle / "config.json").read_text())
+        config["process"]["terminal"] = False
+        config["process"]["args"] = args or ["sleep", "100000"]
+        config["root"] = {"path": str(rootfs), "readonly": False}
+        (self.bundle / "config.json").write_text(json.dumps(config))
+        # Detached: the container would keep captured pipes open forever.
+        log = self.bundle / "run.log"
+        with log.open("w") as out:
+            started = self._runc(["run", "-d", "--bundle", str(self.bundle), self.id], output=out)
+        if started.returncode != 0:
+            raise RuntimeError(f"runc run failed: {log.read_text()}")
+        self.pid = int(self.state()["pid"])
+
+    def _runc(
+        self, args: list[str], check: bool = False, timeout: float = 30, output: object = None
+    ) -> subprocess.CompletedProcess[str]:
+        command = ["runc", "--root", str(self.state_root), *args]
+        if self.mode == "v2":
+            command = ["unshare", "-m", "sh", "-c", _V2_PREFIX, "sh", *command[1:]]
+        if output is not None:
+            return subprocess.run(
+                command, stdout=output, stderr=subprocess.STDOUT, text=True, check=check,
+                timeout=timeout, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        return subprocess.run(
+            command, capture_output=True, text=True, check=check, timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def state(self) -> dict[str, object]:
+        return json.loads(self._runc(["state", self.id], check=True).stdout)
+
+    @property
+    def v1_devices_dir(self) -> Path:
+        return Path("/sys/fs/cgroup/devices") / self.id
+
+    @property
+    def v2_dir(self) -> Path:
+        return Path("/sys/fs/cgroup/unified") / self.id
+
+    def exec(self, *command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return self._runc(["exec", self.id, *command], timeout=timeout)
+
+    def open_result(self, path: str) -> str:
+        """Open `path` read-write inside the container: OK, or the errno name."""
+        # `<>` would create a missing file: test for it first.
+        result = self.exec(
+            "sh",
+            "-c",
+            f"[ -e {path} ] || {{ echo '{_ENOENT}' >&2; exit 1; }}; exec 3<>{path} && echo OPENED",
+        )
+        if "OPENED" in result.stdout:
+            return "OK"
+        return errno_name(result.stderr)
+
+    def hold(self, path: str) -> subprocess.Popen[bytes]:
+        """A process in the container that keeps `path` open until killed."""
+        script = f"[ -c {path} ] && exec 3<>{path} && echo HELD && exec sleep 100000"
+        command = ["runc", "--root", str(self.state_root), "exec", self.id, "sh", "-c", script]
+        if self.mode == "v2":
+            command = ["unshare", "-m", "sh", "-c", _V2_PREFIX, "sh", *command[1:]]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert b"HELD" in line, f"could not hold {path} open"
+        return proc
+
+    def mknod_as_runtime(self, path: str, kind: str, major: int, minor: int) -> None:
+        """Make a node the way a runtime or an admin would: from outside the cgroup."""
+        enter = ["nsenter", "-t", str(self.pid), "-m"]
+        subprocess.run(
+            [*enter, "/bin/mknod", path, kind, str(major), str(minor)],
+            check=True,
+            capture_output=True,
+        )
+
+    def ls_dev(self) -> list[str]:
+        return sorted(self.exec("ls", "/dev").stdout.split())
+
+    def stop(self) -> None:
+        self._runc(["kill", self.id, "KILL"])
+        for _ in range(50):
+            if self._runc(["delete", self.id]).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            self._runc(["delete", "--force", self.id])
+        for directory in (self.v1_devices_dir, self.v2_dir):
+            if directory.exists():
+                _rmdir_tree(directory)
+        shutil.rmtree(self.bundle, ignore_errors=True)
+
+
+def _rmdir_tree(directory: Path) -> None:
+    for child in sorted(directory.rglob("*"), reverse=True):
+        if child.is_dir():
+            child.rmdir()
+    directory.rmdir()
+
+
+_ERRNO_TEXT = {
+    "Operation not permitted": "EPERM",
+    "No such device or address": "ENXIO",
+    "No such file or directory": "ENOENT",
+    "Permission denied": "EACCES",
+    "No such device": "ENODEV",
+}
+
+
+def errno_name(stderr: str) -> str:
+    for text, name in _ERRNO_TEXT.items():
+        if text in stderr:
+            return name
+    match = re.search(r"can't open '[^']*': (.*)", stderr)
+    return match.group(1).strip() if match else f"UNKNOWN({stderr.strip()!r})"
