@@ -1,0 +1,139 @@
+"""Read the kubelet's device allocations over the PodResources v1 gRPC API.
+
+The kubelet is the only authority on which GPUs it gave to which container, so
+the agent asks it before hot-mounting (never mount a GPU another pod owns) and
+to learn which devices a holder pod received when mounting by count.
+
+Errors: every gRPC failure becomes :class:`PodResourcesError`, except
+UNIMPLEMENTED from ``GetAllocatableResources``, which a 1.20 kubelet answers
+and which means "unknown" (``allocatable()`` returns ``None``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from types import TracebackType
+
+import grpc
+
+from agent.podresources.generated import api_pb2, api_pb2_grpc
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# The kubelet's own clients cap messages at 16 MiB (podresources.DefaultMaxMsgSize);
+# a node with many pods easily exceeds gRPC's 4 MiB default.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class PodResourcesError(Exception):
+    """The kubelet PodResources API could not answer; ``code`` is the gRPC status."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Devices of one resource that the kubelet assigned to one container."""
+
+    pod_namespace: str
+    pod_name: str
+    container_name: str
+    resource_name: str
+    device_ids: tuple[str, ...]
+
+
+def _target(socket_path: str) -> str:
+    """gRPC target for a unix socket; absolute paths need the ``unix://`` form."""
+    if os.path.isabs(socket_path):
+        return f"unix://{socket_path}"
+    return f"unix:{socket_path}"
+
+
+class PodResourcesClient:
+    """Synchronous client for ``v1.PodResourcesLister`` on the kubelet's unix socket."""
+
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 5.0) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(
+            _target(socket_path),
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+        )
+        self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> PodResourcesClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def list_allocations(self) -> list[Allocation]:
+        """Every (container, resource) that holds devices on this node, flattened."""
+        try:
+            response = self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise self._error("List", err) from err
+        allocations: list[Allocation] = []
+        for pod in response.pod_resources:
+            for container in pod.containers:
+                for devices in container.devices:
+                    if not devices.device_ids:
+                        continue
+                    allocations.append(
+                        Allocation(
+                            pod_namespace=pod.namespace,
+                            pod_name=pod.name,
+                            container_name=container.name,
+                            resource_name=devices.resource_name,
+                            device_ids=tuple(devices.device_ids),
+                        )
+                    )
+        return allocations
+
+    def allocatable(self, resource_name: str) -> list[str] | None:
+        """Device IDs the kubelet may hand out for ``resource_name``; None if it cannot say.
+
+        A 1.20 kubelet has no GetAllocatableResources and answers UNIMPLEMENTED;
+        that is "unknown", not a failure (DESIGN.md, Kubernetes).
+        """
+        try:
+            response = self._stub.GetAllocatableResources(
+                api_pb2.AllocatableResourcesRequest(), timeout=self.timeout
+            )
+        except grpc.RpcError as err:
+            if _code(err) == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise self._error("GetAllocatableResources", err) from err
+        ids: dict[str, None] = {}  # ordered set: devices come grouped by NUMA node
+        for devices in response.devices:
+            if devices.resource_name == resource_name:
+                ids.update(dict.fromkeys(devices.device_ids))
+        return list(ids)
+
+    def _error(self, method: str, err: grpc.RpcError) -> PodResourcesError:
+        code = _code(err)
+        details = err.details() if isinstance(err, grpc.Call) else str(err)
+        hint = ""
+        if code == grpc.StatusCode.UNAVAILABLE:
+            hint = " (is the kubelet running and the socket mounted into the agent?)"
+        elif code == grpc.StatusCode.UNIMPLEMENTED:
+            hint = " (kubelet older than 1.20 serves only v1alpha1)"
+        name = code.name if code is not None else "UNKNOWN"
+        return PodResourcesError(
+            f"kubelet PodResources {method} on {self.socket_path} failed: {name}: {details}{hint}",
+            code,
+        )
+
+
+def _code(err: grpc.RpcError) -> grpc.StatusCode | None:
+    return err.code() if isinstance(err, grpc.Call) else None
