@@ -21,6 +21,7 @@ from hotmount.hostfs import HostRoot
 
 _RUNTIME_PREFIXES = ("containerd://", "cri-o://", "docker://")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_PID = re.compile(r"[0-9]{1,7}")  # ASCII only: str.isdigit() also accepts '²' and '٣'
 # The last cgroup path component of a container, in every layout we know of:
 #   <id> (cgroupfs: containerd, dockershim, docker), cri-containerd-<id>.scope,
 #   crio-<id>.scope / crio-<id>, docker-<id>.scope, libpod-<id>.scope.
@@ -42,7 +43,7 @@ def parse_container_ref(text: str) -> ContainerRef:
     text = text.strip()
     if text.startswith("pid:"):
         number = text[4:]
-        if not number.isdigit() or not 0 < int(number) < 1 << 22:
+        if not _PID.fullmatch(number) or not 0 < int(number) < 1 << 22:
             raise InvalidContainerRef(f"{text!r}: a PID is a positive number, as in pid:4242")
         return ContainerRef(pid=int(number))
     for prefix in _RUNTIME_PREFIXES:

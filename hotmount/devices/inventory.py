@@ -20,6 +20,7 @@ from hotmount.hostfs import HostRoot
 DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
 _INDEX = re.compile(r"^\d{1,3}$")
+_MIG_ALIAS = re.compile(r"^\d{1,3}:\d{1,3}:\d{1,3}$")  # <gpu index>:<gi>:<ci>
 _UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/_-]{1,120}$")
 _CDI = re.compile(r"^[a-z0-9.-]+/[a-zA-Z0-9_.-]+=[a-zA-Z0-9_.:-]+$")
 _RAW = re.compile(r"^([abc]\s+)?(\d+|\*):(\d+|\*)(\s+[rwm]+)?$")
@@ -35,10 +36,10 @@ def check_ref(ref: str) -> str:
         )
     if ref.startswith("/"):
         raise InvalidDeviceRef(f"{ref!r} is a path; name a device from the inventory")
-    if not (_INDEX.match(ref) or _UUID.match(ref) or _CDI.match(ref)):
+    if not (_INDEX.match(ref) or _MIG_ALIAS.match(ref) or _UUID.match(ref) or _CDI.match(ref)):
         raise InvalidDeviceRef(
-            f"{ref!r} is not a device name: use an index (0), a UUID (GPU-..., MIG-...) "
-            "or a CDI name (vendor/class=name)"
+            f"{ref!r} is not a device name: use an index (0), a MIG index (0:1:0), "
+            "a UUID (GPU-..., MIG-...) or a CDI name (vendor/class=name)"
         )
     return ref
 
