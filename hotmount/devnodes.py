@@ -281,6 +281,9 @@ def _child(ns_fd: int, op: str, node: DeviceNode, out: int) -> int:  # pragma: n
         if _libc.setns(ns_fd, CLONE_NEWNS) != 0:
             err = ctypes.get_errno()
             raise KernelError(f"setns into the container's mount namespace: {os.strerror(err)}")
+        # /proc here is the container's, of another PID namespace: /proc/self/fd is not
+        # ours, so no chmod through it. This child is single-threaded: umask 0 is safe.
+        os.umask(0)
         parent, name = _split(node.path)
         if op == "state":
             try:

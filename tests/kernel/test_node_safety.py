@@ -1,0 +1,98 @@
+"""Nodes are made inside the container's root, never through its symlinks on the host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hotmount.devices.model import DeviceNode
+from hotmount.devnodes import NodeState, Openat2Fs, SetnsFs
+from hotmount.engine import Engine, EngineConfig
+from hotmount.errors import UnsafePath
+from tests.kernel.conftest import GPU0
+from tests.support.runc import RuncContainer
+
+FS_KINDS = {"openat2": Openat2Fs, "setns": SetnsFs}
+
+
+@pytest.fixture(params=sorted(FS_KINDS))
+def fs_kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def test_symlink_to_host_root_stays_inside_the_container(
+    container: RuncContainer, fs_kind: str, tmp_path: Path
+) -> None:
+    marker = f"hotmount-escape-{container.id[:8]}"
+    container.exec("ln", "-s", "/", "/dev/trap")
+    fs = FS_KINDS[fs_kind](Path(f"/proc/{container.pid}"))
+    try:
+        assert fs.ensure(DeviceNode(f"/dev/trap/{marker}", 195, 0))
+    finally:
+        fs.close()
+
+    assert not Path("/", marker).exists(), "a node escaped onto the host"
+    # It landed in the container's own root.
+    assert marker in container.exec("ls", "/").stdout
+
+
+@pytest.mark.parametrize(
+    "occupant",
+    [["ln", "-s", "/dev/null", "/dev/nvidia0"], ["sh", "-c", "echo hi > /dev/nvidia0"]],
+    ids=["symlink", "regular-file"],
+)
+def test_existing_path_that_is_not_the_device_is_refused(
+    engine: Engine, container: RuncContainer, occupant: list[str]
+) -> None:
+    container.exec(*occupant)
+    before = container.exec("ls", "-l", "/dev/nvidia0").stdout
+
+    with pytest.raises(UnsafePath):
+        engine.mount(container.id, [GPU0])
+
+    assert container.exec("ls", "-l", "/dev/nvidia0").stdout == before
+    assert engine.ledger.records() == []
+    if container.mode == "v1":
+        assert "195:0" not in (container.v1_devices_dir / "devices.list").read_text()
+
+
+def test_other_device_at_the_path_is_refused(engine: Engine, container: RuncContainer) -> None:
+    container.mknod_as_runtime("/dev/nvidia0", "c", 1, 3)
+
+    with pytest.raises(UnsafePath):
+        engine.mount(container.id, [GPU0])
+
+    assert container.open_result("/dev/nvidia0") == "OK"  # still /dev/null's 1:3, untouched
+
+
+def test_setns_fallback_mounts_and_unmounts(
+    container: RuncContainer, cdi_dir: Path, tmp_path: Path
+) -> None:
+    engine = Engine(
+        EngineConfig(
+            cdi_dirs=(str(cdi_dir),), state_dir=tmp_path / "s", use_nvml=False, node_method="setns"
+        )
+    )
+    engine.mount(container.id, [GPU0])
+    assert container.open_result("/dev/nvidia0") == "ENXIO"
+    assert container.exec("stat", "-c", "%a", "/dev/nvidia0").stdout.strip() == "666"
+
+    engine.unmount(container.id, [GPU0])
+    assert "nvidia0" not in container.ls_dev()
+
+
+def test_nodes_get_their_exact_mode_despite_the_umask(
+    container: RuncContainer, fs_kind: str
+) -> None:
+    fs = FS_KINDS[fs_kind](Path(f"/proc/{container.pid}"))
+    node = DeviceNode("/dev/nvidia-caps/nvidia-cap1", 195, 1, file_mode=0o444)
+    try:
+        assert fs.ensure(node)
+        assert fs.state(node) is NodeState.PRESENT
+        assert not fs.ensure(node), "a second ensure finds it there"
+    finally:
+        fs.close()
+    assert (
+        container.exec("stat", "-c", "%a", "/dev/nvidia-caps/nvidia-cap1").stdout.strip() == "444"
+    )
