@@ -20,12 +20,12 @@ from hotmount.errors import ContainerNotFound, InvalidContainerRef, NotInContain
 from hotmount.hostfs import HostRoot
 
 _RUNTIME_PREFIXES = ("containerd://", "cri-o://", "docker://")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _PID = re.compile(r"[0-9]{1,7}")  # ASCII only: str.isdigit() also accepts '²' and '٣'
 # The last cgroup path component of a container, in every layout we know of:
 #   <id> (cgroupfs: containerd, dockershim, docker), cri-containerd-<id>.scope,
 #   crio-<id>.scope / crio-<id>, docker-<id>.scope, libpod-<id>.scope.
-_COMPONENT = re.compile(r"^(?:(?:cri-containerd|crio|docker|libpod)-)?([0-9a-f]{64})(?:\.scope)?$")
+_COMPONENT = re.compile(r"^(?:(?:cri-containerd|crio|docker|libpod)-)?([0-9a-f]{64})(?:\.scope)?\Z")
 MAX_WALK_DEPTH = 8
 
 

@@ -84,7 +84,7 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 def _file_name(key: str) -> str:
     """Device and container keys hold '/' and '=': keep them readable and unique."""
     cleaned = _SAFE.sub("_", key)
-    if cleaned == key:
+    if cleaned == key and not key.startswith("."):
         return key
     return f"{cleaned[:80]}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
