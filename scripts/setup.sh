@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what gpu-hotmount needs on this machine: Debian packages (as root) and a venv.
+# Sourced by test.sh and demo.sh; safe to run again (it installs only what is missing).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+SYSTEM_PACKAGES=(runc busybox-static util-linux bpftool python3-venv)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  missing=()
+  for pkg in "${SYSTEM_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+else
+  echo "setup: not root: skipping system packages (${SYSTEM_PACKAGES[*]}); kernel tests will skip" >&2
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+log=$(mktemp)
+if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[dev]'; } >"$log" 2>&1; then
+  cat "$log" >&2; rm -f "$log"; exit 1
+fi
+rm -f "$log"
