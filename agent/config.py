@@ -1,0 +1,115 @@
+"""Agent configuration: flags and environment (HOTMOUNT_*), through pydantic-settings.
+
+    hotmount-agent --listen 0.0.0.0:8443 --listen unix:/run/gpu-hotmount/agent.sock \
+        --tls-cert /tls/tls.crt --tls-key /tls/tls.key --state-dir /var/lib/gpu-hotmount
+
+Every flag has an environment twin: `--reconcile-interval 5` is
+`HOTMOUNT_RECONCILE_INTERVAL=5`; `NODE_NAME` (downward API) also sets the node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from hotmount.devices.inventory import DEFAULT_CDI_DIRS
+from hotmount.engine import DEFAULT_STATE_DIR
+
+DEFAULT_PODRESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="HOTMOUNT_",
+        cli_prog_name="hotmount-agent",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_exit_on_error=True,
+        cli_hide_none_type=True,
+        cli_avoid_json=True,
+        cli_use_class_docs_for_groups=False,
+        populate_by_name=True,
+    )
+
+    listen: list[str] = Field(
+        default=["127.0.0.1:8080"],
+        description="HOST:PORT or unix:PATH to serve on (repeatable)",
+    )
+    kubernetes: bool = Field(
+        default=True, description="--no-kubernetes: standalone mode, containers by ID, no cluster"
+    )
+    token_file: Path | None = Field(
+        default=None, description="standalone: file holding the bearer token callers present"
+    )
+    tls_cert: Path | None = Field(default=None, description="serve TLS with this certificate")
+    tls_key: Path | None = Field(default=None, description="... and this key")
+    anonymous: bool = Field(
+        default=False, description="DEVELOPMENT ONLY: let unauthenticated callers do anything"
+    )
+
+    host_root: Path = Field(default=Path("/"), description="where the host's / is mounted")
+    cdi_dir: list[str] = Field(default=list(DEFAULT_CDI_DIRS), description="CDI spec directory")
+    state_dir: Path = Field(default=DEFAULT_STATE_DIR, description="the ledger's directory")
+    use_nvml: bool = Field(default=True, description="enumerate GPUs with NVML when it loads")
+    stop_grace: float = Field(default=10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
+    reconcile_interval: float = Field(default=5.0, gt=0, description="seconds between reconciles")
+
+    node_name: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("node_name", "node-name", "HOTMOUNT_NODE_NAME", "NODE_NAME"),
+        description="this node (downward API: spec.nodeName)",
+    )
+    kubeconfig: Path | None = Field(default=None, description="default: in-cluster config")
+    token_audiences: list[str] = Field(
+        default=[], description="audiences a caller's token must carry (TokenReview)"
+    )
+    podresources_socket: Path = Field(default=DEFAULT_PODRESOURCES_SOCKET)
+    gpu_resource: str = Field(default="nvidia.com/gpu", description="extended resource name")
+    holder_image: str = Field(default="registry.k8s.io/pause:3.9")
+    holder_priority_class: str | None = Field(default=None)
+    holder_timeout: float = Field(default=60.0, gt=0, description="seconds to wait for a holder")
+    authz_cache_ttl: float = Field(default=10.0, ge=0, description="seconds a decision is cached")
+
+    agent_namespace: str = Field(
+        default="gpu-hotmount",
+        validation_alias=AliasChoices(
+            "agent_namespace", "agent-namespace", "HOTMOUNT_AGENT_NAMESPACE", "POD_NAMESPACE"
+        ),
+    )
+    agent_service_account: str = Field(default="gpu-hotmount")
+    agent_selector: str = Field(
+        default="app.kubernetes.io/name=gpu-hotmount", description="label selector of the agents"
+    )
+    agent_port: int = Field(default=8443, description="the port other agents serve on")
+    agent_scheme: str = Field(default="https")
+    agent_ca: Path | None = Field(
+        default=None, description="CA that signs the other agents' serving certificates"
+    )
+    log_level: str = Field(default="INFO")
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if value.startswith("unix:"):
+                if not value[5:].startswith("/"):
+                    raise ValueError(f"{value}: unix: takes an absolute path")
+                continue
+            host, _, port = value.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{value}: expected HOST:PORT or unix:PATH")
+        return values
+
+    @property
+    def agent_user(self) -> str:
+        """The identity other agents present when they forward a request."""
+        return f"system:serviceaccount:{self.agent_namespace}:{self.agent_service_account}"
+
+
+def load_settings(argv: list[str] | None = None) -> AgentSettings:
+    """Settings from flags (when argv is given) over environment over defaults."""
+    if argv is None:
+        return AgentSettings()
+    return AgentSettings(_cli_parse_args=argv)  # type: ignore[call-arg]

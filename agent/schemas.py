@@ -1,0 +1,156 @@
+"""The agent's wire format: request and response models, and the `Status` error body.
+
+Paths (JSON, camelCase, OpenAPI at /openapi.json):
+
+    GET    /healthz, /readyz, /metrics
+    GET    /v1/devices                                        -> DeviceList
+    GET    /v1/namespaces/{ns}/pods/{pod}/devices             -> PodDevices
+    POST   /v1/namespaces/{ns}/pods/{pod}/devices             MountRequest -> MountResult
+    DELETE /v1/namespaces/{ns}/pods/{pod}/devices/{device}?force=&container=  -> UnmountResult
+    POST   /v1/reassign                                       ReassignRequest -> ReassignResult
+    standalone (--no-kubernetes):
+    GET    /v1/containers/{id}/devices                        -> PodDevices
+    POST   /v1/containers/{id}/devices                        MountRequest -> MountResult
+    DELETE /v1/containers/{id}/devices/{device}?force=        -> UnmountResult
+
+The aggregated API (`hotmount.io/v1alpha1`, served behind an APIService) carries the
+same models inside Kubernetes-style objects; see `agent/aggregated.py`.
+Every error is a `Status` with a `reason` a program can branch on.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.alias_generators import to_camel
+
+DeviceRef = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=160, pattern=r"^[A-Za-z0-9][A-Za-z0-9_./:=-]*$"),
+]
+KubeName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
+]
+ContainerName = Annotated[
+    str, StringConstraints(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Status(Model):
+    """Kubernetes' `Status`: what every error looks like on the wire."""
+
+    kind: Literal["Status"] = "Status"
+    api_version: Literal["v1"] = "v1"
+    status: Literal["Failure", "Success"] = "Failure"
+    reason: str
+    message: str
+    code: int
+    details: dict[str, Any] | None = None
+
+
+class DeviceHolder(Model):
+    """Who has a device: the kubelet (PodResources) or a hot-mount (the agent's ledger)."""
+
+    source: Literal["kubelet", "hotmount"]
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    container_id: str | None = None
+
+
+class DeviceInfo(Model):
+    key: str
+    kind: str
+    index: int | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    minor: int | None = None
+    parent: str | None = None
+    nodes: list[str]
+    holder: DeviceHolder | None = None
+
+
+class DeviceList(Model):
+    node: str | None
+    devices: list[DeviceInfo]
+
+
+class MountRequest(Model):
+    container: ContainerName | None = None
+    devices: list[DeviceRef] | None = Field(default=None, min_length=1, max_length=64)
+    count: int | None = Field(default=None, ge=1, le=64)
+    force: bool = False
+
+    @model_validator(mode="after")
+    def _devices_or_count(self) -> MountRequest:
+        if (self.devices is None) == (self.count is None):
+            raise ValueError("give either devices or count, not both and not neither")
+        return self
+
+
+class MountedDevice(Model):
+    key: str
+    kind: str
+    index: int | None = None
+    uuid: str | None = None
+    paths: list[str]
+
+
+class MountResult(Model):
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    container_id: str
+    mounted: list[MountedDevice]
+    already_mounted: list[MountedDevice]
+    holder_pod: str | None = None
+
+
+class UnmountResult(Model):
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    container_id: str
+    unmounted: list[str]
+    not_mounted: list[str]
+    stopped_pids: list[int]
+    holder_pods_deleted: list[str] = Field(default_factory=list)
+
+
+class ContainerDevices(Model):
+    container: str | None
+    container_id: str
+    devices: list[MountedDevice]
+
+
+class PodDevices(Model):
+    namespace: str | None = None
+    pod: str | None = None
+    containers: list[ContainerDevices]
+
+
+class PodRef(Model):
+    namespace: KubeName
+    pod: KubeName
+    container: ContainerName | None = None
+
+
+class ReassignRequest(Model):
+    device: DeviceRef
+    from_: PodRef = Field(alias="from")
+    to: PodRef
+    force: bool = False
+
+
+class ReassignResult(Model):
+    device: str
+    from_: PodRef = Field(alias="from")
+    to: PodRef
+    unmounted: UnmountResult
+    mounted: MountResult
