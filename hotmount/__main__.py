@@ -30,15 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--host-root", type=Path, default=Path("/"), help="where the host's / is")
     common.add_argument(
-        "--cdi-dir", action="append", dest="cdi_dirs", metavar="DIR",
+        "--cdi-dir",
+        action="append",
+        dest="cdi_dirs",
+        metavar="DIR",
         help=f"CDI spec directory (repeatable; default {' '.join(DEFAULT_CDI_DIRS)})",
-    )  # fmt: skip
+    )
     common.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     common.add_argument("--no-nvml", action="store_true", help="read /proc/driver/nvidia only")
     common.add_argument(
-        "--node-method", choices=("auto", "openat2", "setns"), default="auto",
+        "--node-method",
+        choices=("auto", "openat2", "setns"),
+        default="auto",
         help=argparse.SUPPRESS,
-    )  # fmt: skip
+    )
     common.add_argument("-o", "--output", choices=("text", "json"), default="text")
     common.add_argument("-v", "--verbose", action="store_true")
 
@@ -49,9 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, parents=[common], help=text)
         cmd.add_argument("--container", required=True, help="container ID or pid:N")
         cmd.add_argument(
-            "--device", action="append", default=[], required=name == "mount",
+            "--device",
+            action="append",
+            default=[],
+            required=name == "mount",
             help="index, UUID or CDI name; comma-separated or repeated",
-        )  # fmt: skip
+        )
         cmd.add_argument("--force", action="store_true")
         if name == "unmount":
             cmd.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")

@@ -153,13 +153,32 @@ def exit_() -> Insn:
 
 
 _ALU_SYMBOL = {
-    Op.ADD: "+=", Op.SUB: "-=", Op.MUL: "*=", Op.DIV: "/=", Op.OR: "|=", Op.AND: "&=",
-    Op.LSH: "<<=", Op.RSH: ">>=", Op.MOD: "%=", Op.XOR: "^=", Op.MOV: "=", Op.ARSH: "s>>=",
-}  # fmt: skip
+    Op.ADD: "+=",
+    Op.SUB: "-=",
+    Op.MUL: "*=",
+    Op.DIV: "/=",
+    Op.OR: "|=",
+    Op.AND: "&=",
+    Op.LSH: "<<=",
+    Op.RSH: ">>=",
+    Op.MOD: "%=",
+    Op.XOR: "^=",
+    Op.MOV: "=",
+    Op.ARSH: "s>>=",
+}
 _JMP_SYMBOL = {
-    Jmp.JEQ: "==", Jmp.JGT: ">", Jmp.JGE: ">=", Jmp.JSET: "&", Jmp.JNE: "!=",
-    Jmp.JSGT: "s>", Jmp.JSGE: "s>=", Jmp.JLT: "<", Jmp.JLE: "<=", Jmp.JSLT: "s<", Jmp.JSLE: "s<=",
-}  # fmt: skip
+    Jmp.JEQ: "==",
+    Jmp.JGT: ">",
+    Jmp.JGE: ">=",
+    Jmp.JSET: "&",
+    Jmp.JNE: "!=",
+    Jmp.JSGT: "s>",
+    Jmp.JSGE: "s>=",
+    Jmp.JLT: "<",
+    Jmp.JLE: "<=",
+    Jmp.JSLT: "s<",
+    Jmp.JSLE: "s<=",
+}
 _SIZE_NAME = {0x00: "u32", 0x08: "u16", 0x10: "u8", 0x18: "u64"}
 
 

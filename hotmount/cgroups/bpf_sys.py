@@ -222,9 +222,10 @@ def map_keys(fd: int, key_size: int) -> list[bytes]:
     current: ctypes.Array[ctypes.c_char] | None = None
     while True:
         attr = MapElemAttr(
-            map_fd=fd, key=ctypes.addressof(current) if current is not None else 0,
+            map_fd=fd,
+            key=ctypes.addressof(current) if current is not None else 0,
             value=ctypes.addressof(nxt),
-        )  # fmt: skip
+        )
         try:
             _bpf(BPF_MAP_GET_NEXT_KEY, attr, "iterating a map")
         except BpfError as exc:

@@ -105,7 +105,21 @@ def make_container(tmp_path: Path, rootfs: Path) -> Iterator:
 def engine_cli(cdi_dir: Path, state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The engine as a separate process, as an operator's script would run it."""
     return subprocess.run(
-        [sys.executable, "-m", "hotmount", *args, "--cdi-dir", str(cdi_dir),
-         "--state-dir", str(state_dir), "--no-nvml", "-o", "json"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hotmount",
+            *args,
+            "--cdi-dir",
+            str(cdi_dir),
+            "--state-dir",
+            str(state_dir),
+            "--no-nvml",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

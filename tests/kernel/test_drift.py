@@ -36,9 +36,10 @@ def test_v1_list_rewritten_by_deny_all_is_restored(engine: Engine, make_containe
     engine.mount(container.id, [GPU0])
     devices = container.v1_devices_dir
     runtime_rules = [
-        line for line in (devices / "devices.list").read_text().splitlines()
+        line
+        for line in (devices / "devices.list").read_text().splitlines()
         if not line.startswith("c 195:")
-    ]  # fmt: skip
+    ]
     # What systemd does on daemon-reload: deny everything, then its own allows.
     (devices / "devices.deny").write_text("a")
     for rule in runtime_rules:

@@ -12,8 +12,7 @@ from tests.support.runc import RuncContainer
 def test_a_fresh_process_unmounts_what_another_mounted(
     container: RuncContainer, cdi_dir: Path, state_dir: Path
 ) -> None:
-    mounted = engine_cli(cdi_dir, state_dir, "mount", "--container", container.id,
-                         "--device", GPU0)  # fmt: skip
+    mounted = engine_cli(cdi_dir, state_dir, "mount", "--container", container.id, "--device", GPU0)
     assert mounted.returncode == 0, mounted.stderr
 
     # The mounting process has exited: the grant must not depend on it.

@@ -96,13 +96,22 @@ class RuncContainer:
             command = ["unshare", "-m", "sh", "-c", _V2_PREFIX, "sh", *command[1:]]
         if output is not None:
             return subprocess.run(
-                command, stdout=output, stderr=subprocess.STDOUT, text=True, check=check,
-                timeout=timeout, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+                command,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                text=True,
+                check=check,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
         return subprocess.run(
-            command, capture_output=True, text=True, check=check, timeout=timeout,
+            command,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
             stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
 
     def state(self) -> dict[str, object]:
         return json.loads(self._runc(["state", self.id], check=True).stdout)

@@ -1,0 +1,211 @@
+"""Who is calling, and may they: one authorization model for every entry path.
+
+Authentication, first match wins:
+1. the root-only unix socket: the node's own root (file permissions are the check);
+2. `X-Remote-User`/`-Group`/`-Extra-*` from the aggregated API's front proxy, trusted
+   only with a TLS client certificate verified against the request-header CA and
+   carrying one of its allowed names; anything else presenting them gets 401;
+3. `Authorization: Bearer`: the standalone token file, or a TokenReview; when the
+   token belongs to the agents' own ServiceAccount, `X-Hotmount-User`/`-Group` assert
+   the user a forwarding agent is acting for;
+4. otherwise 401, unless anonymous access was configured (development only).
+
+Authorization is a SubjectAccessReview for the user: group `hotmount.io`, resource
+`gpumounts`, the pod's namespace and name; decisions are cached briefly. Every
+decision is logged with the user, the verb and the pod.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.config import AgentSettings
+from agent.errors import Forbidden, Unauthorized
+from agent.kube.client import KubeClient, UserInfo
+
+log = logging.getLogger("hotmount.audit")
+
+API_GROUP = "hotmount.io"
+RESOURCE = "gpumounts"
+ASSERT_USER, ASSERT_GROUP = "x-hotmount-user", "x-hotmount-group"
+REMOTE_USER, REMOTE_GROUP, REMOTE_EXTRA = "x-remote-user", "x-remote-group", "x-remote-extra-"
+
+
+@dataclass(frozen=True)
+class Identity:
+    user: UserInfo
+    via: str  # unix | front-proxy | token | gateway | static-token | anonymous
+    trusted: bool = False  # node root, static token or anonymous: no SAR
+
+    @property
+    def name(self) -> str:
+        return self.user.username
+
+
+@dataclass(frozen=True)
+class CallerContext:
+    """What the transport knows: the listener, the verified peer certificate, the headers."""
+
+    headers: Mapping[str, list[str]]
+    listener: str  # "unix" or "tcp"
+    peer_cert: dict[str, Any] | None = None
+
+    def first(self, name: str) -> str | None:
+        values = self.headers.get(name)
+        return values[0] if values else None
+
+
+@dataclass(frozen=True)
+class FrontProxyTrust:
+    """From kube-system/extension-apiserver-authentication."""
+
+    allowed_names: frozenset[str] = field(default_factory=frozenset)
+
+    def allows(self, cert: dict[str, Any] | None) -> bool:
+        if not cert:
+            return False  # no certificate, or not one the request-header CA signed
+        if not self.allowed_names:
+            return True  # Kubernetes: an empty list allows any name the CA signed
+        names = {
+            value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName"
+        }
+        return bool(names & self.allowed_names)
+
+
+class _TtlCache:
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._items: dict[Any, tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            item = self._items.get(key)
+            if item is None or item[0] < time.monotonic():
+                self._items.pop(key, None)
+                return None
+            return item[1]
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            if len(self._items) > 4096:
+                self._items.clear()
+            self._items[key] = (time.monotonic() + self.ttl, value)
+
+
+class Authenticator:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        kube: KubeClient | None,
+        front_proxy: FrontProxyTrust | None = None,
+    ) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.front_proxy = front_proxy
+        self._static_token = (
+            settings.token_file.read_text().strip().encode() if settings.token_file else None
+        )
+        self._reviews = _TtlCache(settings.authz_cache_ttl)
+
+    def authenticate(self, caller: CallerContext) -> Identity:
+        if caller.listener == "unix":
+            return Identity(UserInfo("system:node-local:root", ["system:masters"]), "unix", True)
+        if any(name.startswith("x-remote-") for name in caller.headers):
+            return self._front_proxy(caller)
+        authorization = caller.first("authorization") or ""
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() == "bearer" and token:
+            return self._bearer(token.strip(), caller)
+        if caller.first(ASSERT_USER):
+            raise Unauthorized("identity assertions are accepted only from the agents")
+        if self.settings.anonymous:
+            return Identity(
+                UserInfo("system:anonymous", ["system:unauthenticated"]), "anonymous", True
+            )
+        raise Unauthorized("no credentials: send Authorization: Bearer <token>")
+
+    def _front_proxy(self, caller: CallerContext) -> Identity:
+        if self.front_proxy is None or not self.front_proxy.allows(caller.peer_cert):
+            raise Unauthorized(
+                "X-Remote-* headers are accepted only with the API server's front-proxy "
+                "client certificate"
+            )
+        user = caller.first(REMOTE_USER)
+        if not user:
+            raise Unauthorized("the front proxy sent no X-Remote-User")
+        groups = list(caller.headers.get(REMOTE_GROUP, []))
+        extra = {
+            name[len(REMOTE_EXTRA) :]: list(values)
+            for name, values in caller.headers.items()
+            if name.startswith(REMOTE_EXTRA)
+        }
+        return Identity(UserInfo(user, groups, "", extra), "front-proxy")
+
+    def _bearer(self, token: str, caller: CallerContext) -> Identity:
+        if self._static_token is not None:
+            if hmac.compare_digest(token.encode(), self._static_token):
+                return Identity(UserInfo("static-token", []), "static-token", True)
+            raise Unauthorized("the bearer token is not valid")
+        if self.kube is None:
+            raise Unauthorized("no way to check a bearer token in this mode (no --token-file)")
+        key = hashlib.sha256(token.encode()).hexdigest()
+        user = self._reviews.get(key)
+        if user is None:
+            user = self.kube.token_review(token, self.settings.token_audiences)
+            if user is None:
+                raise Unauthorized("the bearer token is not valid for this audience")
+            self._reviews.put(key, user)
+        asserted = caller.first(ASSERT_USER)
+        if asserted:
+            if user.username != self.settings.agent_user:
+                raise Unauthorized("identity assertions are accepted only from the agents")
+            groups = list(caller.headers.get(ASSERT_GROUP, []))
+            return Identity(UserInfo(asserted, groups), "gateway")
+        return Identity(user, "token")
+
+
+class Authorizer:
+    def __init__(self, kube: KubeClient | None, ttl: float) -> None:
+        self.kube = kube
+        self._decisions = _TtlCache(ttl)
+
+    def require(self, identity: Identity, verb: str, namespace: str = "", name: str = "") -> None:
+        target = f"{namespace}/{name}" if namespace else name or "*"
+        if identity.trusted:
+            log.info(
+                "allow user=%s via=%s verb=%s pod=%s", identity.name, identity.via, verb, target
+            )
+            return
+        if self.kube is None:
+            raise Forbidden("no authorizer is configured")
+        user = identity.user
+        key = (user.username, tuple(user.groups), verb, namespace, name)
+        decision = self._decisions.get(key)
+        if decision is None:
+            decision = self.kube.subject_access_review(
+                user, verb, namespace, name, resource=RESOURCE, group=API_GROUP
+            )
+            self._decisions.put(key, decision)
+        allowed, reason = decision
+        log.info(
+            "%s user=%s via=%s verb=%s pod=%s%s",
+            "allow" if allowed else "deny",
+            identity.name,
+            identity.via,
+            verb,
+            target,
+            f" reason={reason}" if reason else "",
+        )
+        if not allowed:
+            raise Forbidden(
+                f'user "{user.username}" cannot {verb} {RESOURCE}.{API_GROUP} '
+                f"{'for pod ' + target if namespace else ''}".rstrip()
+            )

@@ -1,0 +1,99 @@
+"""The agent's errors and their one mapping to a Kubernetes `Status`.
+
+    ApiError                     (agent-level; engine errors are hotmount.errors.HotmountError)
+    ├── BadRequest          400
+    ├── Unauthorized        401  no or unverifiable credentials
+    ├── Forbidden           403  SubjectAccessReview said no
+    ├── PodNotFound         404
+    ├── PodNotRunning       409
+    ├── AllocatedToPod      409  the kubelet gave the device to another running pod
+    ├── Unschedulable       409  the holder pod found no room
+    ├── NotOnThisNode       421  the pod lives elsewhere (the gateway forwards it)
+    ├── NotReady            503
+    ├── UpstreamError       502  Kubernetes, the kubelet or another agent failed
+    └── Timeout             504
+
+`status_of()` turns any exception into (code, Status); a user's mistake is never a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.schemas import Status
+from hotmount.errors import DeviceBusy, DeviceClaimed, HotmountError
+
+
+class ApiError(Exception):
+    code = 500
+    reason = "InternalError"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class BadRequest(ApiError):
+    code, reason = 400, "BadRequest"
+
+
+class Unauthorized(ApiError):
+    code, reason = 401, "Unauthorized"
+
+
+class Forbidden(ApiError):
+    code, reason = 403, "Forbidden"
+
+
+class PodNotFound(ApiError):
+    code, reason = 404, "PodNotFound"
+
+
+class PodNotRunning(ApiError):
+    code, reason = 409, "PodNotRunning"
+
+
+class AllocatedToPod(ApiError):
+    code, reason = 409, "AllocatedToPod"
+
+
+class Unschedulable(ApiError):
+    code, reason = 409, "Unschedulable"
+
+
+class NotOnThisNode(ApiError):
+    code, reason = 421, "NotOnThisNode"
+
+    def __init__(self, message: str, node: str) -> None:
+        super().__init__(message, {"node": node})
+        self.node = node
+
+
+class NotReady(ApiError):
+    code, reason = 503, "NotReady"
+
+
+class UpstreamError(ApiError):
+    code, reason = 502, "UpstreamError"
+
+
+class Timeout(ApiError):
+    code, reason = 504, "Timeout"
+
+
+def status_of(exc: Exception) -> Status:
+    if isinstance(exc, ApiError):
+        return Status(reason=exc.reason, message=exc.message, code=exc.code, details=exc.details)
+    if isinstance(exc, HotmountError):
+        details: dict[str, Any] | None = None
+        if isinstance(exc, DeviceBusy):
+            details = {
+                "holders": [
+                    {"pid": h.pid, "command": h.command, "path": h.path} for h in exc.holders
+                ]
+            }
+        elif isinstance(exc, DeviceClaimed):
+            details = {"owner": exc.owner}
+        return Status(reason=exc.reason, message=exc.message, code=exc.http_status, details=details)
+    return Status(reason="InternalError", message="internal error; see the agent's log", code=500)

@@ -1,0 +1,104 @@
+"""Forward a request for a pod on another node to the agent on that node.
+
+A platform can then call one Service name. The forwarding agent authenticates
+with its own ServiceAccount token and asserts the original user in
+`X-Hotmount-User`/`-Group`; the receiving agent accepts such assertions only from
+the agents' ServiceAccount and authorizes the asserted user itself. A request
+that was already forwarded is never forwarded again (no loops), and node-local
+root callers (the unix socket) act on their own node only.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+
+from agent.auth import ASSERT_GROUP, ASSERT_USER, Identity
+from agent.config import AgentSettings
+from agent.errors import Forbidden, NotOnThisNode, UpstreamError
+from agent.kube.client import KubeClient, PodInfo
+
+log = logging.getLogger(__name__)
+LOCAL_ONLY = "x-hotmount-local"
+
+
+class Gateway:
+    def __init__(self, settings: AgentSettings, kube: KubeClient) -> None:
+        self.settings = settings
+        self.kube = kube
+        verify: Any = str(settings.agent_ca) if settings.agent_ca else True
+        self._http = httpx.Client(verify=verify, timeout=settings.holder_timeout + 30)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def forward(
+        self,
+        caller: Identity,
+        node: str,
+        method: str,
+        path: str,
+        params: list[tuple[str, str]] | None = None,
+        body: Any = None,
+    ) -> httpx.Response:
+        if caller.via == "gateway":
+            raise NotOnThisNode(
+                f"the pod is on node {node}, and this request was forwarded already", node
+            )
+        if caller.via in ("unix", "anonymous", "static-token"):
+            raise Forbidden(
+                f"the pod is on node {node}; {caller.via} callers act on their own node only"
+            )
+        agents = [
+            a
+            for a in self.kube.pods_on_node(
+                self.settings.agent_namespace, self.settings.agent_selector, node
+            )
+            if a.pod_ip and a.phase == "Running"
+        ]
+        if not agents:
+            raise UpstreamError(f"no running gpu-hotmount agent on node {node}")
+        return self._send(agents[0], caller, method, path, params, body)
+
+    def fan_out(self, caller: Identity, path: str) -> list[httpx.Response]:
+        """GET `path` from every other agent, each answering for its own node only."""
+        if caller.via == "gateway":
+            return []
+        answers = []
+        for agent in self.kube.agent_pods(
+            self.settings.agent_namespace, self.settings.agent_selector
+        ):
+            if agent.node_name == self.settings.node_name or not agent.pod_ip:
+                continue
+            try:
+                answers.append(self._send(agent, caller, "GET", path, None, None, local_only=True))
+            except UpstreamError as exc:
+                log.warning("fan-out to %s failed: %s", agent.node_name, exc.message)
+        return answers
+
+    def _send(
+        self,
+        agent: PodInfo,
+        caller: Identity,
+        method: str,
+        path: str,
+        params: list[tuple[str, str]] | None,
+        body: Any,
+        local_only: bool = False,
+    ) -> httpx.Response:
+        token = self.kube.token()
+        if not token:
+            raise UpstreamError("this agent has no ServiceAccount token to forward with")
+        port = agent.ports.get("https") or agent.ports.get("http") or self.settings.agent_port
+        url = f"{self.settings.agent_scheme}://{agent.pod_ip}:{port}{path}"
+        headers = [("authorization", f"Bearer {token}"), (ASSERT_USER, caller.name)]
+        headers += [(ASSERT_GROUP, group) for group in caller.user.groups]
+        if local_only:
+            headers.append((LOCAL_ONLY, "1"))
+        log.info("forwarding %s %s for %s to %s", method, path, caller.name, agent.node_name)
+        try:
+            return self._http.request(method, url, params=params, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"forwarding to the agent on {agent.node_name}: {exc}") from exc

@@ -1,0 +1,248 @@
+"""A narrow wrapper over the official client: exactly the calls the agent makes.
+
+Raw payloads are read into small typed records here, so the rest of the agent
+never touches `V1Pod` and friends, and tests can run the agent against a fake
+API server speaking the real wire format.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from agent.errors import Forbidden, PodNotFound, UpstreamError
+
+log = logging.getLogger(__name__)
+
+_RUNTIME_PREFIXES = ("containerd://", "cri-o://", "docker://")
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    name: str
+    container_id: str | None  # without the runtime prefix
+    running: bool
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    node_name: str | None
+    phase: str
+    containers: list[ContainerInfo]
+    labels: dict[str, str] = field(default_factory=dict)
+    pod_ip: str | None = None
+    unschedulable_message: str | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def container(self, name: str | None) -> ContainerInfo | None:
+        if name is None:
+            return self.containers[0] if self.containers else None
+        return next((c for c in self.containers if c.name == name), None)
+
+
+@dataclass(frozen=True)
+class UserInfo:
+    username: str
+    groups: list[str]
+    uid: str = ""
+    extra: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _pod_info(pod: client.V1Pod) -> PodInfo:
+    statuses = {s.name: s for s in (pod.status.container_statuses or [])}
+    containers = []
+    for spec in pod.spec.containers:
+        status = statuses.get(spec.name)
+        raw_id = status.container_id if status else None
+        for prefix in _RUNTIME_PREFIXES:
+            if raw_id and raw_id.startswith(prefix):
+                raw_id = raw_id[len(prefix) :]
+        running = bool(status and status.state and status.state.running)
+        containers.append(ContainerInfo(spec.name, raw_id, running))
+    message = None
+    for condition in pod.status.conditions or []:
+        if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+            message = condition.message
+    ports = {
+        p.name: p.container_port for c in pod.spec.containers for p in (c.ports or []) if p.name
+    }
+    return PodInfo(
+        namespace=pod.metadata.namespace,
+        name=pod.metadata.name,
+        uid=pod.metadata.uid,
+        node_name=pod.spec.node_name,
+        phase=pod.status.phase or "Unknown",
+        containers=containers,
+        labels=pod.metadata.labels or {},
+        pod_ip=pod.status.pod_ip,
+        unschedulable_message=message,
+        ports=ports,
+    )
+
+
+class KubeClient:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.authn = client.AuthenticationV1Api(api_client)
+        self.authz = client.AuthorizationV1Api(api_client)
+
+    @classmethod
+    def from_config(cls, kubeconfig: Path | None) -> KubeClient:
+        configuration = client.Configuration()
+        if kubeconfig is not None:
+            config.load_kube_config(str(kubeconfig), client_configuration=configuration)
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+        return cls(client.ApiClient(configuration))
+
+    def close(self) -> None:
+        self.api.close()
+
+    def token(self) -> str | None:
+        """This agent's own bearer token (for forwarding to other agents)."""
+        auth = self.api.configuration.auth_settings().get("BearerToken")
+        if auth and auth.get("value", "").startswith("Bearer "):
+            return str(auth["value"])[7:]
+        return None
+
+    # -- pods
+    def get_pod(self, namespace: str, name: str) -> PodInfo:
+        try:
+            return _pod_info(self.core.read_namespaced_pod(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                raise PodNotFound(f"pod {namespace}/{name} not found") from exc
+            raise _upstream(exc, f"reading pod {namespace}/{name}") from exc
+
+    def find_pod(self, namespace: str, name: str) -> PodInfo | None:
+        try:
+            return self.get_pod(namespace, name)
+        except PodNotFound:
+            return None
+
+    def create_pod(self, namespace: str, manifest: dict[str, Any]) -> PodInfo:
+        try:
+            return _pod_info(self.core.create_namespaced_pod(namespace, manifest))
+        except ApiException as exc:
+            raise _upstream(exc, f"creating pod in {namespace}") from exc
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _upstream(exc, f"deleting pod {namespace}/{name}") from exc
+
+    def pods_on_node(self, namespace: str, selector: str, node: str) -> list[PodInfo]:
+        try:
+            pods = self.core.list_namespaced_pod(
+                namespace, label_selector=selector, field_selector=f"spec.nodeName={node}"
+            )
+        except ApiException as exc:
+            raise _upstream(exc, f"listing agents on {node}") from exc
+        return [_pod_info(p) for p in pods.items]
+
+    def agent_pods(self, namespace: str, selector: str) -> list[PodInfo]:
+        try:
+            pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
+        except ApiException as exc:
+            raise _upstream(exc, "listing agents") from exc
+        return [_pod_info(p) for p in pods.items]
+
+    # -- events
+    def record_event(self, pod: PodInfo, reason: str, message: str, warning: bool = False) -> None:
+        """Best effort: an event that cannot be written must not fail the operation."""
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{pod.name}.hotmount-"),
+            involved_object=client.V1ObjectReference(
+                api_version="v1", kind="Pod", name=pod.name, namespace=pod.namespace, uid=pod.uid
+            ),
+            reason=reason,
+            message=message,
+            type="Warning" if warning else "Normal",
+            source=client.V1EventSource(component="gpu-hotmount", host=pod.node_name),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            self.core.create_namespaced_event(pod.namespace, event)
+        except ApiException as exc:
+            log.warning(
+                "could not record event %s on %s/%s: %s",
+                reason,
+                pod.namespace,
+                pod.name,
+                exc.reason,
+            )
+
+    # -- configmaps
+    def configmap(self, namespace: str, name: str) -> dict[str, str]:
+        try:
+            return self.core.read_namespaced_config_map(name, namespace).data or {}
+        except ApiException as exc:
+            raise _upstream(exc, f"reading configmap {namespace}/{name}") from exc
+
+    # -- authentication and authorization
+    def token_review(self, token: str, audiences: list[str]) -> UserInfo | None:
+        review = client.V1TokenReview(
+            spec=client.V1TokenReviewSpec(token=token, audiences=audiences or None)
+        )
+        try:
+            result = self.authn.create_token_review(review)
+        except ApiException as exc:
+            raise _upstream(exc, "TokenReview") from exc
+        status = result.status
+        if not status or not status.authenticated or not status.user:
+            return None
+        user = status.user
+        return UserInfo(
+            user.username, list(user.groups or []), user.uid or "", dict(user.extra or {})
+        )
+
+    def subject_access_review(
+        self, user: UserInfo, verb: str, namespace: str, name: str, *, resource: str, group: str
+    ) -> tuple[bool, str]:
+        review = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user=user.username,
+                groups=user.groups,
+                uid=user.uid or None,
+                extra=user.extra or None,
+                resource_attributes=client.V1ResourceAttributes(
+                    group=group,
+                    resource=resource,
+                    verb=verb,
+                    namespace=namespace or None,
+                    name=name or None,
+                ),
+            )
+        )
+        try:
+            result = self.authz.create_subject_access_review(review)
+        except ApiException as exc:
+            raise _upstream(exc, "SubjectAccessReview") from exc
+        return bool(result.status.allowed), result.status.reason or ""
+
+    def ping(self) -> None:
+        try:
+            client.VersionApi(self.api).get_code(_request_timeout=3)
+        except Exception as exc:  # any failure means "not reachable"
+            raise UpstreamError(f"the API server is unreachable: {exc}") from exc
+
+
+def _upstream(exc: ApiException, what: str) -> Exception:
+    if exc.status == 403:
+        return Forbidden(f"{what}: the agent's service account is not allowed ({exc.reason})")
+    return UpstreamError(f"{what}: {exc.status} {exc.reason}")

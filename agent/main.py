@@ -1,0 +1,226 @@
+"""`hotmount-agent`: wire settings, engine, Kubernetes and the routes; serve; reconcile.
+
+`create_app(settings)` builds everything from settings (tests build their own);
+nothing is created at import time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from agent import aggregated, logs, server
+from agent.auth import Authenticator, Authorizer, FrontProxyTrust
+from agent.config import AgentSettings, load_settings
+from agent.errors import ApiError, UpstreamError, status_of
+from agent.gateway import Gateway
+from agent.kube.client import KubeClient
+from agent.metrics import Metrics
+from agent.podresources import PodResourcesClient
+from agent.routes import containers, health, pods
+from agent.schemas import Status
+from agent.service import NodeService
+from hotmount.engine import Engine, EngineConfig
+from hotmount.errors import HotmountError
+
+log = logging.getLogger("hotmount.agent")
+FRONT_PROXY_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
+
+
+def engine_from(settings: AgentSettings) -> Engine:
+    return Engine(
+        EngineConfig(
+            host_root=settings.host_root,
+            cdi_dirs=tuple(settings.cdi_dir),
+            state_dir=settings.state_dir,
+            use_nvml=settings.use_nvml,
+            stop_grace=settings.stop_grace,
+        )
+    )
+
+
+def front_proxy_trust(kube: KubeClient, ca_path: Path) -> FrontProxyTrust | None:
+    """Read the request-header CA and allowed names; write the CA where TLS can load it."""
+    try:
+        data = kube.configmap(*FRONT_PROXY_CONFIGMAP)
+    except (UpstreamError, ApiError) as exc:
+        log.warning("no front-proxy trust (the aggregated API will answer 401): %s", exc.message)
+        return None
+    ca = data.get("requestheader-client-ca-file")
+    if not ca:
+        log.warning("%s/%s has no requestheader-client-ca-file", *FRONT_PROXY_CONFIGMAP)
+        return None
+    ca_path.parent.mkdir(parents=True, exist_ok=True)
+    ca_path.write_text(ca)
+    names = json.loads(data.get("requestheader-allowed-names") or "[]")
+    return FrontProxyTrust(frozenset(names))
+
+
+def create_app(
+    settings: AgentSettings,
+    *,
+    engine: Engine | None = None,
+    kube: KubeClient | None = None,
+    podresources: PodResourcesClient | None = None,
+    front_proxy: FrontProxyTrust | None = None,
+) -> FastAPI:
+    engine = engine or engine_from(settings)
+    gateway = None
+    if settings.kubernetes:
+        kube = kube or KubeClient.from_config(settings.kubeconfig)
+        if podresources is None and settings.podresources_socket.exists():
+            podresources = PodResourcesClient(str(settings.podresources_socket))
+        gateway = Gateway(settings, kube)
+    else:
+        kube = podresources = None
+    metrics = Metrics()
+    service = NodeService(settings, engine, kube, podresources, metrics)
+
+    app = FastAPI(
+        title="gpu-hotmount agent",
+        version="0.1.0",
+        description="Hot-mount GPUs into running pods. Errors are Kubernetes Status objects.",
+    )
+    app.state.service = service
+    app.state.settings = settings
+    app.state.authenticator = Authenticator(settings, kube, front_proxy)
+    app.state.authorizer = Authorizer(kube, settings.authz_cache_ttl)
+    app.state.gateway = gateway
+    app.include_router(health.router)
+    app.include_router(pods.router)
+    if settings.kubernetes:
+        app.include_router(aggregated.router)
+    else:
+        app.include_router(containers.router)
+    _install_error_handlers(app)
+    app.add_middleware(logs.RequestIdMiddleware)
+    return app
+
+
+def _status_response(status: Status) -> JSONResponse:
+    return JSONResponse(
+        status.model_dump(by_alias=True, exclude_none=True), status_code=status.code
+    )
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    @app.exception_handler(HotmountError)
+    async def known(request: Request, exc: Exception) -> JSONResponse:
+        status = status_of(exc)
+        log.info(
+            "refused %s %s: %s %s", request.method, request.url.path, status.code, status.message
+        )
+        return _status_response(status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        causes = [
+            {"field": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg", "")}
+            for e in exc.errors()
+        ]
+        summary = "; ".join(f"{c['field']}: {c['message']}" for c in causes[:5])
+        return _status_response(
+            Status(
+                reason="Invalid",
+                message=summary or "invalid request",
+                code=422,
+                details={"causes": causes},
+            )
+        )
+
+    @app.exception_handler(HTTPException)
+    async def http(request: Request, exc: HTTPException) -> JSONResponse:
+        reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "BadRequest")
+        return _status_response(
+            Status(reason=reason, message=str(exc.detail), code=exc.status_code)
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return _status_response(status_of(exc))
+
+
+class Reconciler:
+    """Runs the engine's reconcile now (repairing what drifted while the agent was down),
+    then every `interval` seconds."""
+
+    def __init__(self, service: NodeService, interval: float) -> None:
+        self.service = service
+        self.interval = interval
+
+    async def run(self) -> None:
+        while True:
+            try:
+                report = await asyncio.to_thread(self.service.reconcile)
+                if report.repairs or report.forgotten or report.errors:
+                    log.info("reconcile: %s", report.as_dict())
+            except Exception:
+                log.exception("reconcile failed")
+            await asyncio.sleep(self.interval)
+
+
+async def _run(settings: AgentSettings) -> None:
+    engine = engine_from(settings)
+    kube = KubeClient.from_config(settings.kubeconfig) if settings.kubernetes else None
+    front_proxy, client_ca = None, None
+    if kube is not None and settings.tls_cert:
+        client_ca = settings.state_dir / "requestheader-ca.crt"
+        front_proxy = front_proxy_trust(kube, client_ca)
+        if front_proxy is None:
+            client_ca = None
+    app = create_app(settings, engine=engine, kube=kube, front_proxy=front_proxy)
+    if (
+        not settings.kubernetes
+        and not settings.token_file
+        and not settings.anonymous
+        and not any(a.startswith("unix:") for a in settings.listen)
+    ):
+        log.warning("standalone mode with no --token-file and no unix listener: nobody can call")
+    reconciler = asyncio.create_task(
+        Reconciler(app.state.service, settings.reconcile_interval).run()
+    )
+    log.info(
+        "serving on %s (cgroup %s, %d devices)",
+        ", ".join(settings.listen),
+        engine.layout.mode,
+        len(engine.inventory.devices),
+    )
+    try:
+        tls = server.tls_options(settings.tls_cert, settings.tls_key, client_ca)
+        await server.serve(app, settings.listen, tls)
+    finally:
+        reconciler.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings = load_settings(sys.argv[1:] if argv is None else argv)
+    except ValidationError as exc:
+        for error in exc.errors():
+            print(
+                f"hotmount-agent: {'.'.join(map(str, error['loc']))}: {error['msg']}",
+                file=sys.stderr,
+            )
+        return 2
+    logs.configure(settings.log_level)
+    try:
+        asyncio.run(_run(settings))
+    except HotmountError as exc:
+        log.error("cannot start: %s", exc.message)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One router per resource; handlers stay short and call the service."""

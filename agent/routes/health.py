@@ -1,0 +1,49 @@
+"""Liveness, readiness and metrics: unauthenticated, read-only, no device data."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from agent.errors import NotReady, UpstreamError
+
+router = APIRouter(tags=["health"])
+_KUBE_CHECK_SECONDS = 5.0
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(request: Request) -> dict[str, str]:
+    """Ready: inventory loaded, cgroup mode detected, Kubernetes reachable when enabled."""
+    state = request.app.state
+    engine = state.service.engine
+    if engine.inventory is None or engine.layout is None:
+        raise NotReady("the engine is not initialised")
+    kube = state.service.kube
+    if kube is not None:
+        checked = getattr(state, "kube_checked", 0.0)
+        if time.monotonic() - checked > _KUBE_CHECK_SECONDS:
+            try:
+                kube.ping()
+            except UpstreamError as exc:
+                raise NotReady(exc.message) from exc
+            state.kube_checked = time.monotonic()
+    return {
+        "status": "ok",
+        "cgroup": str(engine.layout.mode),
+        "devices": str(len(engine.inventory.devices)),
+    }
+
+
+@router.get("/metrics")
+def metrics(request: Request) -> Response:
+    service = request.app.state.service
+    service.metrics.managed_containers.set(len(service.engine.ledger.records()))
+    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,118 @@
+"""/v1: the node's devices, a pod's devices, mount, unmount and reassign."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path, Query, Request
+
+from agent.deps import Authz, Caller, Gate, Service
+from agent.routes.forwarding import local_or_forward
+from agent.schemas import (
+    DeviceList,
+    MountRequest,
+    MountResult,
+    PodDevices,
+    ReassignRequest,
+    ReassignResult,
+    UnmountResult,
+)
+
+router = APIRouter(prefix="/v1", tags=["pods"])
+
+Namespace = Annotated[str, Path(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+PodName = Annotated[str, Path(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)]
+DevicePath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_./:=-]*$", max_length=160)]
+ContainerQuery = Annotated[
+    str | None, Query(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+]
+
+
+@router.get("/devices")
+def node_devices(caller: Caller, authz: Authz, service: Service) -> DeviceList:
+    authz.require(caller, "list")
+    return service.devices()
+
+
+@router.get("/namespaces/{namespace}/pods/{pod}/devices")
+def pod_devices(
+    namespace: Namespace,
+    pod: PodName,
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    service: Service,
+    gateway: Gate,
+) -> PodDevices | Any:
+    authz.require(caller, "get", namespace, pod)
+
+    def local() -> PodDevices:
+        service.target_node_check(namespace, pod)
+        return service.pod_devices(namespace, pod)
+
+    return local_or_forward(local, request, caller, gateway)
+
+
+@router.post("/namespaces/{namespace}/pods/{pod}/devices")
+def mount(
+    namespace: Namespace,
+    pod: PodName,
+    body: Annotated[MountRequest, Body()],
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    service: Service,
+    gateway: Gate,
+) -> MountResult | Any:
+    authz.require(caller, "create", namespace, pod)
+    return local_or_forward(
+        lambda: service.mount_pod(namespace, pod, body, caller.name),
+        request,
+        caller,
+        gateway,
+        body.model_dump(by_alias=True, exclude_none=True),
+    )
+
+
+@router.delete("/namespaces/{namespace}/pods/{pod}/devices/{device}")
+def unmount(
+    namespace: Namespace,
+    pod: PodName,
+    device: DevicePath,
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    service: Service,
+    gateway: Gate,
+    container: ContainerQuery = None,
+    force: bool = False,
+) -> UnmountResult | Any:
+    authz.require(caller, "delete", namespace, pod)
+    return local_or_forward(
+        lambda: service.unmount_pod(
+            namespace, pod, [device], container=container, force=force, user=caller.name
+        ),
+        request,
+        caller,
+        gateway,
+    )
+
+
+@router.post("/reassign")
+def reassign(
+    body: ReassignRequest,
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    service: Service,
+    gateway: Gate,
+) -> ReassignResult | Any:
+    authz.require(caller, "delete", body.from_.namespace, body.from_.pod)
+    authz.require(caller, "create", body.to.namespace, body.to.pod)
+    return local_or_forward(
+        lambda: service.reassign(body, caller.name),
+        request,
+        caller,
+        gateway,
+        body.model_dump(by_alias=True, exclude_none=True),
+    )

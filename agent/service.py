@@ -1,0 +1,626 @@
+"""The node service: pods to containers, the kubelet's books, holder pods, then the engine.
+
+Everything here is synchronous and runs in FastAPI's thread pool; the engine is
+the only thing that touches the kernel. A lock per container serialises
+operations on one container; operations on different containers run side by
+side, and two containers racing for one device meet at the engine's claim (one
+wins, the other gets 409).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from agent.config import AgentSettings
+from agent.errors import (
+    AllocatedToPod,
+    ApiError,
+    BadRequest,
+    NotOnThisNode,
+    PodNotFound,
+    PodNotRunning,
+    Timeout,
+    Unschedulable,
+    UpstreamError,
+)
+from agent.kube.client import ContainerInfo, KubeClient, PodInfo
+from agent.metrics import Metrics
+from agent.podresources import Allocation, PodResourcesClient, PodResourcesError
+from agent.schemas import (
+    ContainerDevices,
+    DeviceHolder,
+    DeviceInfo,
+    DeviceList,
+    MountedDevice,
+    MountRequest,
+    MountResult,
+    PodDevices,
+    ReassignRequest,
+    ReassignResult,
+    UnmountResult,
+)
+from hotmount import engine as eng
+from hotmount.devices.model import Device
+from hotmount.errors import HotmountError
+
+log = logging.getLogger(__name__)
+
+HOLDER_PREFIX = "hotmount-holder-"
+HOLDER_LABEL = "hotmount.io/holder-for"
+
+
+class NotMounted(ApiError):
+    code, reason = 409, "NotMounted"
+
+
+class NodeService:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        engine: eng.Engine,
+        kube: KubeClient | None,
+        podresources: PodResourcesClient | None,
+        metrics: Metrics,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.kube = kube
+        self.podresources = podresources
+        self.metrics = metrics
+        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+
+    # -- inventory
+    def devices(self) -> DeviceList:
+        hot = self._hot_holders()
+        kubelet = self._kubelet_allocations()
+        infos = []
+        for device in self.engine.inventory.devices:
+            holder = hot.get(device.key)
+            if holder is None and device.key in kubelet:
+                a = kubelet[device.key]
+                holder = DeviceHolder(
+                    source="kubelet",
+                    namespace=a.pod_namespace,
+                    pod=a.pod_name,
+                    container=a.container_name,
+                )
+            infos.append(
+                DeviceInfo(
+                    key=device.key,
+                    kind=str(device.kind),
+                    index=device.index,
+                    uuid=device.uuid,
+                    pci_bus_id=device.pci_bus_id,
+                    minor=device.minor,
+                    parent=device.parent,
+                    nodes=[n.path for n in device.nodes],
+                    holder=holder,
+                )
+            )
+        return DeviceList(node=self.settings.node_name, devices=infos)
+
+    def _hot_holders(self) -> dict[str, DeviceHolder]:
+        holders = {}
+        for record in self.engine.ledger.records():
+            for key, device in record.devices.items():
+                meta = device.metadata
+                holders[key] = DeviceHolder(
+                    source="hotmount",
+                    namespace=meta.get("namespace"),
+                    pod=meta.get("pod"),
+                    container=meta.get("container"),
+                    container_id=record.container_id,
+                )
+        return holders
+
+    def _kubelet_allocations(self) -> dict[str, Allocation]:
+        """Inventory key -> the kubelet's allocation of it (empty without PodResources)."""
+        if self.podresources is None:
+            return {}
+        try:
+            allocations = self.podresources.list_allocations()
+        except PodResourcesError as exc:
+            log.warning("PodResources unavailable: %s", exc)
+            return {}
+        found = {}
+        for allocation in allocations:
+            for device_id in allocation.device_ids:
+                device = self.engine.inventory.get(device_id.split("::")[0])
+                if device is not None:
+                    found[device.key] = allocation
+        return found
+
+    # -- pods
+    def target(
+        self, namespace: str, pod: str, container: str | None
+    ) -> tuple[PodInfo, ContainerInfo]:
+        kube = self._kube()
+        info = kube.get_pod(namespace, pod)
+        if info.node_name and self.settings.node_name and info.node_name != self.settings.node_name:
+            raise NotOnThisNode(
+                f"pod {namespace}/{pod} runs on node {info.node_name}", info.node_name
+            )
+        if info.phase != "Running":
+            raise PodNotRunning(f"pod {namespace}/{pod} is {info.phase}, not Running")
+        chosen = info.container(container)
+        if chosen is None:
+            names = ", ".join(c.name for c in info.containers)
+            raise PodNotFound(f"pod {namespace}/{pod} has no container {container!r} ({names})")
+        if not chosen.running or not chosen.container_id:
+            raise PodNotRunning(f"container {chosen.name} of pod {namespace}/{pod} is not running")
+        return info, chosen
+
+    def target_node_check(self, namespace: str, pod: str) -> PodInfo:
+        """The pod exists and lives on this node (any phase)."""
+        info = self._kube().get_pod(namespace, pod)
+        if info.node_name and self.settings.node_name and info.node_name != self.settings.node_name:
+            raise NotOnThisNode(
+                f"pod {namespace}/{pod} runs on node {info.node_name}", info.node_name
+            )
+        return info
+
+    def mount_pod(self, namespace: str, pod: str, request: MountRequest, user: str) -> MountResult:
+        with self._measure("mount"):
+            info, container = self.target(namespace, pod, request.container)
+            assert container.container_id is not None
+            meta = {"namespace": namespace, "pod": pod, "container": container.name, "user": user}
+            with self._lock(container.container_id):
+                if request.count is not None:
+                    result = self._mount_by_count(info, container, request.count, meta)
+                else:
+                    assert request.devices is not None
+                    devices = self.engine.inventory.resolve_all(request.devices)
+                    if not request.force:
+                        self._refuse_kubelet_allocated(devices, info)
+                    done = self.engine.mount(
+                        container.container_id,
+                        [d.key for d in devices],
+                        force=request.force,
+                        metadata=meta,
+                    )
+                    result = _mount_result(done, info, container)
+            if result.mounted:
+                names = ", ".join(_label(d) for d in result.mounted)
+                self._event(
+                    info, "GPUMounted", f"hot-mounted {names} into {container.name} for {user}"
+                )
+            return result
+
+    def _refuse_kubelet_allocated(self, devices: list[Device], target: PodInfo) -> None:
+        allocations = self._kubelet_allocations()
+        for device in devices:
+            allocation = allocations.get(device.key)
+            if allocation is None:
+                continue
+            owner = (allocation.pod_namespace, allocation.pod_name)
+            if owner == (target.namespace, target.name):
+                continue
+            other = self._kube().find_pod(*owner)
+            if other is None or other.phase not in ("Running", "Pending"):
+                continue
+            if (
+                other.labels.get(HOLDER_LABEL) == target.name
+                and other.namespace == target.namespace
+            ):
+                continue  # our own holder for this very pod
+            raise AllocatedToPod(
+                f"device {_device_label(device)} is allocated by the kubelet to running pod "
+                f"{owner[0]}/{owner[1]}; pass force to mount it anyway",
+                {"namespace": owner[0], "pod": owner[1]},
+            )
+
+    def _mount_by_count(
+        self, target: PodInfo, container: ContainerInfo, count: int, meta: dict[str, str]
+    ) -> MountResult:
+        kube = self._kube()
+        name = f"{HOLDER_PREFIX}{target.name[:40]}-{secrets.token_hex(3)}"
+        kube.create_pod(target.namespace, self._holder_manifest(target, name, count))
+        try:
+            self._wait_running(target.namespace, name)
+            keys = self._holder_devices(target.namespace, name)
+            if len(keys) != count:
+                raise UpstreamError(
+                    f"holder pod {name} got {len(keys)} devices from the kubelet, not {count}"
+                )
+            assert container.container_id is not None
+            done = self.engine.mount(
+                container.container_id, keys, metadata={**meta, "holder": name}
+            )
+        except BaseException:
+            kube.delete_pod(target.namespace, name)
+            raise
+        result = _mount_result(done, target, container)
+        result.holder_pod = name
+        return result
+
+    def _holder_manifest(self, target: PodInfo, name: str, count: int) -> dict[str, object]:
+        resource = self.settings.gpu_resource
+        spec: dict[str, object] = {
+            "nodeSelector": {"kubernetes.io/hostname": target.node_name},
+            "tolerations": [{"operator": "Exists"}],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "containers": [
+                {
+                    "name": "holder",
+                    "image": self.settings.holder_image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "resources": {
+                        "limits": {resource: str(count)},
+                        "requests": {resource: str(count)},
+                    },
+                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}],
+                }
+            ],
+        }
+        if self.settings.holder_priority_class:
+            spec["priorityClassName"] = self.settings.holder_priority_class
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": target.namespace,
+                "labels": {
+                    "app.kubernetes.io/managed-by": "gpu-hotmount",
+                    HOLDER_LABEL: target.name,
+                },
+                # Same namespace, not a controller: a cross-namespace owner would be
+                # treated as absent and the holder garbage-collected (GPUMounter's bug).
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": target.name,
+                        "uid": target.uid,
+                        "controller": False,
+                        "blockOwnerDeletion": False,
+                    }
+                ],
+            },
+            "spec": spec,
+        }
+
+    def _wait_running(self, namespace: str, name: str) -> None:
+        deadline = time.monotonic() + self.settings.holder_timeout
+        while True:
+            pod = self._kube().find_pod(namespace, name)
+            if pod is None:
+                raise Unschedulable(f"holder pod {namespace}/{name} disappeared")
+            if pod.phase == "Running":
+                return
+            if pod.unschedulable_message:
+                raise Unschedulable(f"no room for {name}: {pod.unschedulable_message}")
+            if pod.phase in ("Failed", "Succeeded"):
+                raise Unschedulable(f"holder pod {name} was rejected ({pod.phase})")
+            if time.monotonic() > deadline:
+                raise Timeout(
+                    f"holder pod {name} was not Running after {self.settings.holder_timeout:g}s"
+                )
+            time.sleep(0.2)
+
+    def _holder_devices(self, namespace: str, name: str) -> list[str]:
+        if self.podresources is None:
+            raise UpstreamError("mounting by count needs the kubelet's PodResources socket")
+        try:
+            allocations = self.podresources.list_allocations()
+        except PodResourcesError as exc:
+            raise UpstreamError(f"PodResources: {exc}") from exc
+        keys = []
+        for a in allocations:
+            if (a.pod_namespace, a.pod_name, a.resource_name) == (
+                namespace,
+                name,
+                self.settings.gpu_resource,
+            ):
+                for device_id in a.device_ids:
+                    device = self.engine.inventory.get(device_id.split("::")[0])
+                    if device is None:
+                        raise UpstreamError(
+                            f"the kubelet gave {name} device {device_id}, "
+                            "which is not in this node's inventory"
+                        )
+                    keys.append(device.key)
+        return list(dict.fromkeys(keys))
+
+    def unmount_pod(
+        self,
+        namespace: str,
+        pod: str,
+        devices: list[str] | None,
+        *,
+        container: str | None,
+        force: bool,
+        user: str,
+    ) -> UnmountResult:
+        with self._measure("unmount"):
+            info, chosen = self.target(namespace, pod, container)
+            assert chosen.container_id is not None
+            with self._lock(chosen.container_id):
+                holders = self._holders(chosen.container_id)
+                result = self.engine.unmount(chosen.container_id, devices, force=force)
+                released = self._release_holders(namespace, chosen.container_id, holders)
+            out = UnmountResult(
+                namespace=namespace,
+                pod=pod,
+                container=chosen.name,
+                container_id=chosen.container_id,
+                unmounted=result.unmounted,
+                not_mounted=result.not_mounted,
+                stopped_pids=result.stopped_pids,
+            )
+            out.holder_pods_deleted = released
+            if result.unmounted:
+                names = ", ".join(result.unmounted)
+                self._event(info, "GPUUnmounted", f"took {names} from {chosen.name} for {user}")
+            return out
+
+    def _holders(self, container_id: str) -> set[str]:
+        record = self.engine.ledger.load(container_id)
+        if record is None:
+            return set()
+        return {h for d in record.devices.values() if (h := d.metadata.get("holder"))}
+
+    def _release_holders(self, namespace: str, container_id: str, before: set[str]) -> list[str]:
+        """Delete the holder pods none of whose devices is still mounted; wait until gone."""
+        gone = sorted(before - self._holders(container_id))
+        if self.kube is None or not gone:
+            return []
+        for pod in gone:
+            self.kube.delete_pod(namespace, pod)
+        deadline = time.monotonic() + self.settings.holder_timeout
+        for pod in gone:
+            while self.kube.find_pod(namespace, pod) is not None:
+                if time.monotonic() > deadline:
+                    raise Timeout(f"holder pod {pod} is still there after deletion")
+                time.sleep(0.2)
+        return gone
+
+    def pod_devices(self, namespace: str, pod: str) -> PodDevices:
+        self._kube().get_pod(namespace, pod)  # 404 for an unknown pod
+        containers = []
+        for record in self.engine.ledger.records():
+            devices = [
+                d
+                for d in record.devices.values()
+                if d.metadata.get("namespace") == namespace and d.metadata.get("pod") == pod
+            ]
+            if devices:
+                containers.append(
+                    ContainerDevices(
+                        container=devices[0].metadata.get("container"),
+                        container_id=record.container_id or record.key,
+                        devices=[
+                            self._mounted_from_record(d.key, d.kind, d.node_paths) for d in devices
+                        ],
+                    )
+                )
+        return PodDevices(namespace=namespace, pod=pod, containers=containers)
+
+    def namespace_mounts(self, namespace: str) -> list[PodDevices]:
+        pods = sorted(
+            {
+                d.metadata["pod"]
+                for r in self.engine.ledger.records()
+                for d in r.devices.values()
+                if d.metadata.get("namespace") == namespace and d.metadata.get("pod")
+            }
+        )
+        out = []
+        for pod in pods:
+            try:
+                out.append(self.pod_devices(namespace, pod))
+            except PodNotFound:
+                continue
+        return out
+
+    def _mounted_from_record(self, key: str, kind: str, paths: list[str]) -> MountedDevice:
+        device = self.engine.inventory.get(key)
+        own = [n.path for n in device.nodes] if device else paths
+        return MountedDevice(
+            key=key,
+            kind=kind,
+            index=device.index if device else None,
+            uuid=device.uuid if device else None,
+            paths=own,
+        )
+
+    def reassign(self, request: ReassignRequest, user: str) -> ReassignResult:
+        with self._measure("reassign"):
+            source_pod, source = self.target(
+                request.from_.namespace, request.from_.pod, request.from_.container
+            )
+            target_pod, target = self.target(
+                request.to.namespace, request.to.pod, request.to.container
+            )
+            device = self.engine.inventory.resolve(request.device)
+            assert source.container_id is not None and target.container_id is not None
+            record = self.engine.ledger.load(source.container_id)
+            if record is None or device.key not in record.devices:
+                raise NotMounted(
+                    f"device {_device_label(device)} is not hot-mounted in "
+                    f"{request.from_.namespace}/{request.from_.pod}"
+                )
+            source_meta = dict(record.devices[device.key].metadata)
+            unmounted = self.unmount_pod(
+                request.from_.namespace,
+                request.from_.pod,
+                [device.key],
+                container=source.name,
+                force=request.force,
+                user=user,
+            )
+            try:
+                mounted = self.mount_pod(
+                    request.to.namespace,
+                    request.to.pod,
+                    MountRequest(container=target.name, devices=[device.key], force=request.force),
+                    user,
+                )
+            except Exception as exc:
+                self._roll_back(source.container_id, device, source_meta, exc)
+                raise
+            for pod in (source_pod, target_pod):
+                self._event(
+                    pod,
+                    "GPUReassigned",
+                    f"{_device_label(device)} moved from "
+                    f"{source_pod.namespace}/{source_pod.name} to "
+                    f"{target_pod.namespace}/{target_pod.name} for {user}",
+                )
+            return ReassignResult(
+                device=device.key,
+                from_=request.from_,
+                to=request.to,
+                unmounted=unmounted,
+                mounted=mounted,
+            )
+
+    def _roll_back(
+        self, container_id: str, device: Device, meta: dict[str, str], cause: Exception
+    ) -> None:
+        try:
+            with self._lock(container_id):
+                self.engine.mount(container_id, [device.key], force=True, metadata=meta)
+        except HotmountError as exc:
+            log.error(
+                "reassign rollback of %s failed: %s (after %s)", device.key, exc.message, cause
+            )
+            if isinstance(cause, ApiError | HotmountError):
+                cause_details = getattr(cause, "details", None) or {}
+                if isinstance(cause, ApiError):
+                    cause.details = {**cause_details, "rolledBack": False}
+            return
+        log.warning("reassign of %s failed (%s); it went back to its source", device.key, cause)
+        if isinstance(cause, ApiError):
+            cause.details = {**(cause.details or {}), "rolledBack": True}
+        elif isinstance(cause, HotmountError):
+            cause.message = f"{cause.message} (the device went back to its source)"
+
+    # -- standalone containers
+    def mount_container(self, container_id: str, request: MountRequest) -> MountResult:
+        if request.count is not None:
+            raise BadRequest("mounting by count needs Kubernetes (the scheduler keeps the books)")
+        assert request.devices is not None
+        with self._measure("mount"), self._lock(container_id):
+            done = self.engine.mount(
+                container_id,
+                request.devices,
+                force=request.force,
+                metadata={"container_id": container_id},
+            )
+        return _mount_result(done, None, None)
+
+    def unmount_container(
+        self, container_id: str, devices: list[str] | None, force: bool
+    ) -> UnmountResult:
+        with self._measure("unmount"), self._lock(container_id):
+            done = self.engine.unmount(container_id, devices, force=force)
+        return UnmountResult(
+            container_id=str(done.container.get("id") or container_id),
+            unmounted=done.unmounted,
+            not_mounted=done.not_mounted,
+            stopped_pids=done.stopped_pids,
+        )
+
+    def container_devices(self, container_id: str) -> PodDevices:
+        container = self.engine.resolve(container_id)
+        record = self.engine.ledger.load(container.key)
+        devices = list(record.devices.values()) if record else []
+        return PodDevices(
+            containers=[
+                ContainerDevices(
+                    container=None,
+                    container_id=container.key,
+                    devices=[
+                        self._mounted_from_record(d.key, d.kind, d.node_paths) for d in devices
+                    ],
+                )
+            ]
+        )
+
+    # -- reconcile
+    def reconcile(self) -> eng.ReconcileReport:
+        report = self.engine.reconcile()
+        repairs = {
+            "grant": report.regranted,
+            "wrapper": report.rewrapped,
+            "node": report.recreated,
+            "pending": report.pending_finished,
+        }
+        for kind, count in repairs.items():
+            if count:
+                self.metrics.drift_repairs.labels(kind).inc(count)
+        self.metrics.managed_containers.set(len(self.engine.ledger.records()))
+        self.metrics.reconciles.labels("error" if report.errors else "ok").inc()
+        return report
+
+    # -- helpers
+    def _kube(self) -> KubeClient:
+        if self.kube is None:
+            raise BadRequest("this agent runs without Kubernetes (--no-kubernetes)")
+        return self.kube
+
+    @contextmanager
+    def _lock(self, container_id: str) -> Iterator[None]:
+        with self._locks_guard:
+            lock = self._locks[container_id]
+        with lock:
+            yield
+
+    @contextmanager
+    def _measure(self, operation: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        except (ApiError, HotmountError) as exc:
+            code = getattr(exc, "code", None) or getattr(exc, "http_status", 500)
+            self.metrics.operations.labels(operation, "conflict" if code == 409 else "error").inc()
+            raise
+        except Exception:
+            self.metrics.operations.labels(operation, "error").inc()
+            raise
+        else:
+            self.metrics.operations.labels(operation, "success").inc()
+        finally:
+            self.metrics.latency.labels(operation).observe(time.perf_counter() - started)
+
+    def _event(self, pod: PodInfo, reason: str, message: str) -> None:
+        if self.kube is not None:
+            self.kube.record_event(pod, reason, message)
+
+
+def _mount_result(
+    done: eng.MountResult, pod: PodInfo | None, container: ContainerInfo | None
+) -> MountResult:
+    def convert(items: list[eng.MountedDevice]) -> list[MountedDevice]:
+        return [
+            MountedDevice(key=m.key, kind=m.kind, index=m.index, uuid=m.uuid, paths=m.paths)
+            for m in items
+        ]
+
+    return MountResult(
+        namespace=pod.namespace if pod else None,
+        pod=pod.name if pod else None,
+        container=container.name if container else None,
+        container_id=str(done.container.get("id") or ""),
+        mounted=convert(done.mounted),
+        already_mounted=convert(done.already_mounted),
+    )
+
+
+def _label(device: MountedDevice) -> str:
+    return f"GPU {device.index} ({device.key})" if device.index is not None else device.key
+
+
+def _device_label(device: Device) -> str:
+    return f"{device.index} ({device.key})" if device.index is not None else device.key
