@@ -170,12 +170,18 @@ class Engine:
             already = [_mounted(d) for d in devices if d.key in record.devices]
             if not new:
                 return MountResult(container.as_dict(), [], already)
-            self._claim(new, container.key, force)
+            # The intent goes on disk before the claims: another container that finds
+            # our claim then also finds our record, and never mistakes it for stale.
+            record.pending = PendingOp(op="mount", devices=[d.key for d in new], nodes=[])
+            self.ledger.save(record)
             try:
+                self._claim(new, container.key, force)
                 self._mount_new(record, container, new, metadata or {}, alive)
             except BaseException:
                 for device in new:
                     self.ledger.release(device.key, container.key)
+                record.pending = None
+                _quietly(self.ledger.save, record)
                 raise
             return MountResult(container.as_dict(), [_mounted(d) for d in new], already)
 

@@ -30,7 +30,7 @@ def mount(
     return service.mount_container(container_id, body)
 
 
-@router.delete("/{container_id}/devices/{device}")
+@router.delete("/{container_id}/devices/{device:path}")
 def unmount(
     container_id: ContainerId,
     device: DevicePath,

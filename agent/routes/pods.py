@@ -74,7 +74,7 @@ def mount(
     )
 
 
-@router.delete("/namespaces/{namespace}/pods/{pod}/devices/{device}")
+@router.delete("/namespaces/{namespace}/pods/{pod}/devices/{device:path}")
 def unmount(
     namespace: Namespace,
     pod: PodName,

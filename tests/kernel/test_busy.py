@@ -19,7 +19,8 @@ def test_busy_device_is_refused_then_forced(engine: Engine, container: RuncConta
 
         assert refused.value.holders, "the holder must be named"
         assert all(h.path == "/dev/nvidia1" for h in refused.value.holders)
-        assert "sleep" in refused.value.message
+        for h in refused.value.holders:  # named in the message, with their command
+            assert f"PID {h.pid} ({h.command}) holds /dev/nvidia1" in refused.value.message
         # Nothing changed: still mounted and usable.
         assert container.open_result("/dev/nvidia1") == "OK"
         assert GPU1 in engine.ledger.load(container.id).devices
