@@ -1,0 +1,705 @@
+"""The importable Python client for the gpu-hotmount agent; nvcli is built on it.
+
+    from cli.client import HotmountClient
+
+    # Through the API server, with the kubeconfig's own credentials (aggregated API):
+    with HotmountClient.from_kubeconfig(context="prod") as hm:
+        result = hm.mount("ml", "notebook-0", devices=["0"])
+        print([d.key for d in result.mounted])
+        hm.unmount("ml", "notebook-0", devices=["0"], force=True)
+
+    # Straight to an agent (in-cluster platforms), with a ServiceAccount token:
+    sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+    with HotmountClient.for_agent("https://gpu-hotmount.gpu-hotmount.svc:8443",
+                                  token=open(f"{sa}/token").read().strip(),
+                                  verify=f"{sa}/ca.crt") as hm:
+        hm.mount("ml", "notebook-0", count=1)
+
+Results are the agent's own models (`agent.schemas`): `MountResult`, `UnmountResult`,
+`PodDevices`, `DeviceList`, `ReassignResult`. Every failure raises one exception tree:
+
+    HotmountClientError                exit 1   .status (the agent's `Status`), .reason, .code
+    ├── InvalidRequest                 exit 2   400/422: bad device, container, body
+    ├── Conflict                       exit 3   409: claimed, allocated, pod not running, ...
+    │   └── Busy                       exit 3   DeviceBusy: a process holds the device open
+    ├── NotFound                       exit 4   404: pod, container, device, node
+    ├── Unauthorized                   exit 5   401
+    ├── Forbidden                      exit 5   403
+    ├── Timeout                        exit 6   504 from the agent, or the HTTP call timed out
+    └── Unavailable                    exit 1   503, connection refused, TLS failure
+
+Two transports, one interface: `AgentTransport` speaks the agent's `/v1` REST
+paths; `AggregatedTransport` speaks `hotmount.io/v1alpha1` through the API
+server (see docs/api.md). `ContainerTransport` methods (`*_container`) exist only
+on a standalone agent (`hotmount-agent --no-kubernetes`).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from agent.schemas import (
+    DeviceList,
+    MountRequest,
+    MountResult,
+    PodDevices,
+    PodRef,
+    ReassignRequest,
+    ReassignResult,
+    Status,
+    UnmountResult,
+)
+
+log = logging.getLogger("nvcli.http")
+M = TypeVar("M", bound=BaseModel)
+
+API_GROUP = "hotmount.io"
+API_VERSION = "v1alpha1"
+AGGREGATED_PREFIX = f"/apis/{API_GROUP}/{API_VERSION}"
+DEFAULT_TIMEOUT = 120.0
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
+EXIT_NOT_FOUND, EXIT_AUTH, EXIT_TIMEOUT = 4, 5, 6
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+class HotmountClientError(Exception):
+    """Base of every error the client raises; `status` is the agent's `Status` body."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, status: Status) -> None:
+        super().__init__(status.message)
+        self.status = status
+
+    @property
+    def reason(self) -> str:
+        return self.status.reason
+
+    @property
+    def code(self) -> int:
+        return self.status.code
+
+    @property
+    def message(self) -> str:
+        return self.status.message
+
+    @property
+    def details(self) -> dict[str, Any]:
+        return self.status.details or {}
+
+
+class InvalidRequest(HotmountClientError):
+    exit_code = EXIT_USAGE
+
+
+class Conflict(HotmountClientError):
+    exit_code = EXIT_CONFLICT
+
+
+class Busy(Conflict):
+    """A process in the container holds the device open; `holders` names them."""
+
+    @property
+    def holders(self) -> list[dict[str, Any]]:
+        return list(self.details.get("holders") or [])
+
+
+class NotFound(HotmountClientError):
+    exit_code = EXIT_NOT_FOUND
+
+
+class Unauthorized(HotmountClientError):
+    exit_code = EXIT_AUTH
+
+
+class Forbidden(HotmountClientError):
+    exit_code = EXIT_AUTH
+
+
+class Timeout(HotmountClientError):
+    exit_code = EXIT_TIMEOUT
+
+
+class Unavailable(HotmountClientError):
+    exit_code = EXIT_ERROR
+
+
+_BY_REASON: dict[str, type[HotmountClientError]] = {"DeviceBusy": Busy}
+_BY_CODE: dict[int, type[HotmountClientError]] = {
+    400: InvalidRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    422: InvalidRequest,
+    502: Unavailable,
+    503: Unavailable,
+    504: Timeout,
+}
+_DEFAULT_REASON = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    502: "BadGateway",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def error_for(status: Status) -> HotmountClientError:
+    """The exception for a `Status`: by reason first, then by HTTP code."""
+    cls = _BY_REASON.get(status.reason) or _BY_CODE.get(status.code) or HotmountClientError
+    return cls(status)
+
+
+def make_status(code: int, message: str, reason: str | None = None, **details: Any) -> Status:
+    return Status(
+        reason=reason or _DEFAULT_REASON.get(code, "Unknown"),
+        message=message,
+        code=code,
+        details=details or None,
+    )
+
+
+def status_from_response(response: httpx.Response) -> Status:
+    """Parse an error body; the API server's own `Status` (with `metadata`) and non-JSON too."""
+    code = response.status_code
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("kind") == "Status":
+        fields = {k: body[k] for k in ("message", "details") if body.get(k) is not None}
+        try:
+            return Status(
+                reason=body.get("reason") or _DEFAULT_REASON.get(code, "Unknown"),
+                code=int(body.get("code") or code),
+                **{"message": "", **fields},
+            )
+        except (ValidationError, TypeError, ValueError):
+            pass
+    text = response.text.strip()[:300] or response.reason_phrase
+    return make_status(code, f"{response.request.method} {response.request.url.path}: {text}")
+
+
+# -- transports -----------------------------------------------------------------------------
+
+
+class Transport(Protocol):
+    """One way of reaching the agent. Methods return the agent's models or raise."""
+
+    http: httpx.Client
+    description: str
+
+    def mount(self, namespace: str, pod: str, request: MountRequest) -> MountResult: ...
+
+    def unmount(
+        self,
+        namespace: str,
+        pod: str,
+        devices: list[str] | None,
+        container: str | None,
+        force: bool,
+    ) -> UnmountResult: ...
+
+    def status(self, namespace: str, pod: str) -> PodDevices: ...
+
+    def list_devices(self, node: str | None) -> list[DeviceList]: ...
+
+    def move(self, request: ReassignRequest) -> ReassignResult: ...
+
+
+class _Base:
+    def __init__(self, http: httpx.Client, description: str) -> None:
+        self.http = http
+        self.description = description
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            log.info("%s %s: timed out", method, path)
+            raise Timeout(
+                make_status(504, f"no answer from {self.description} in time ({exc})", "Timeout")
+            ) from exc
+        except httpx.TransportError as exc:
+            log.info("%s %s: %s", method, path, exc)
+            raise Unavailable(
+                make_status(503, f"cannot reach {self.description}: {exc}", "ServiceUnavailable")
+            ) from exc
+        if response.is_success:
+            try:
+                return response.json()
+            except ValueError as exc:
+                raise HotmountClientError(
+                    make_status(500, f"{method} {path}: the answer is not JSON", "InternalError")
+                ) from exc
+        raise error_for(status_from_response(response))
+
+    def _parse(self, model: type[M], data: Any, what: str) -> M:
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise HotmountClientError(
+                make_status(
+                    500,
+                    f"unexpected answer from {self.description} ({what}): {exc}",
+                    "InternalError",
+                )
+            ) from exc
+
+
+def _segment(value: str) -> str:
+    """One path segment: CDI names hold '/' and '='."""
+    return quote(value, safe="")
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class AgentTransport(_Base):
+    """The agent's own REST API under `/v1` (docs/api.md, "Direct REST")."""
+
+    def mount(self, namespace: str, pod: str, request: MountRequest) -> MountResult:
+        data = self._call(
+            "POST",
+            f"/v1/namespaces/{_segment(namespace)}/pods/{_segment(pod)}/devices",
+            json=_dump(request),
+        )
+        return self._parse(MountResult, data, "MountResult")
+
+    def unmount(
+        self,
+        namespace: str,
+        pod: str,
+        devices: list[str] | None,
+        container: str | None,
+        force: bool,
+    ) -> UnmountResult:
+        base = f"/v1/namespaces/{_segment(namespace)}/pods/{_segment(pod)}/devices"
+        if devices is None:  # every hot-mounted device of the pod (of `container` if named)
+            current = self.status(namespace, pod)
+            devices = [
+                d.key
+                for c in current.containers
+                if container is None or c.container == container
+                for d in c.devices
+            ]
+            if not devices:
+                cid = current.containers[0].container_id if current.containers else ""
+                return UnmountResult(
+                    namespace=namespace,
+                    pod=pod,
+                    container=container,
+                    container_id=cid,
+                    unmounted=[],
+                    not_mounted=[],
+                    stopped_pids=[],
+                )
+        params = _unmount_params(container, force)
+        results = [
+            self._parse(
+                UnmountResult,
+                self._call("DELETE", f"{base}/{_segment(d)}", params=params),
+                "UnmountResult",
+            )
+            for d in devices
+        ]
+        return merge_unmounts(results)
+
+    def status(self, namespace: str, pod: str) -> PodDevices:
+        data = self._call(
+            "GET", f"/v1/namespaces/{_segment(namespace)}/pods/{_segment(pod)}/devices"
+        )
+        return self._parse(PodDevices, data, "PodDevices")
+
+    def list_devices(self, node: str | None) -> list[DeviceList]:
+        listing = self._parse(DeviceList, self._call("GET", "/v1/devices"), "DeviceList")
+        if node is not None and listing.node is not None and listing.node != node:
+            raise NotFound(
+                make_status(
+                    404,
+                    f"{self.description} serves node {listing.node!r}, not {node!r}",
+                    "NotFound",
+                    name=node,
+                    kind="nodedevices",
+                )
+            )
+        return [listing]
+
+    def move(self, request: ReassignRequest) -> ReassignResult:
+        data = self._call("POST", "/v1/reassign", json=_dump(request))
+        return self._parse(ReassignResult, data, "ReassignResult")
+
+    # standalone agents (`--no-kubernetes`): containers by ID
+    def mount_container(self, container_id: str, request: MountRequest) -> MountResult:
+        data = self._call(
+            "POST", f"/v1/containers/{_segment(container_id)}/devices", json=_dump(request)
+        )
+        return self._parse(MountResult, data, "MountResult")
+
+    def unmount_container(
+        self, container_id: str, devices: list[str] | None, force: bool
+    ) -> UnmountResult:
+        base = f"/v1/containers/{_segment(container_id)}/devices"
+        if devices is None:
+            current = self.container_status(container_id)
+            devices = [d.key for c in current.containers for d in c.devices]
+        params = _unmount_params(None, force)
+        results = [
+            self._parse(
+                UnmountResult,
+                self._call("DELETE", f"{base}/{_segment(d)}", params=params),
+                "UnmountResult",
+            )
+            for d in devices
+        ]
+        if not results:
+            return UnmountResult(
+                container_id=container_id, unmounted=[], not_mounted=[], stopped_pids=[]
+            )
+        return merge_unmounts(results)
+
+    def container_status(self, container_id: str) -> PodDevices:
+        data = self._call("GET", f"/v1/containers/{_segment(container_id)}/devices")
+        return self._parse(PodDevices, data, "PodDevices")
+
+
+class AggregatedTransport(_Base):
+    """`hotmount.io/v1alpha1` through the API server (docs/api.md, "Aggregated API")."""
+
+    def mount(self, namespace: str, pod: str, request: MountRequest) -> MountResult:
+        body = {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": "GPUMount",
+            "metadata": {"name": pod, "namespace": namespace},
+            "spec": _dump(request),
+        }
+        data = self._call(
+            "POST", f"{AGGREGATED_PREFIX}/namespaces/{_segment(namespace)}/gpumounts", json=body
+        )
+        return self._parse(MountResult, _status_of(data), "GPUMount status")
+
+    def unmount(
+        self,
+        namespace: str,
+        pod: str,
+        devices: list[str] | None,
+        container: str | None,
+        force: bool,
+    ) -> UnmountResult:
+        params: list[tuple[str, str]] = [("device", d) for d in devices or []]
+        params += list(_unmount_params(container, force).items())
+        data = self._call(
+            "DELETE",
+            f"{AGGREGATED_PREFIX}/namespaces/{_segment(namespace)}/gpumounts/{_segment(pod)}",
+            params=params,
+        )
+        return self._parse(UnmountResult, _status_of(data), "GPUMount status")
+
+    def status(self, namespace: str, pod: str) -> PodDevices:
+        data = self._call(
+            "GET", f"{AGGREGATED_PREFIX}/namespaces/{_segment(namespace)}/gpumounts/{_segment(pod)}"
+        )
+        return self._parse(PodDevices, _status_of(data), "GPUMount status")
+
+    def list_devices(self, node: str | None) -> list[DeviceList]:
+        if node is not None:
+            data = self._call("GET", f"{AGGREGATED_PREFIX}/nodedevices/{_segment(node)}")
+            return [self._node_devices(data)]
+        data = self._call("GET", f"{AGGREGATED_PREFIX}/nodedevices")
+        return [self._node_devices(item) for item in (data.get("items") or [])]
+
+    def _node_devices(self, obj: Any) -> DeviceList:
+        listing = self._parse(DeviceList, _status_of(obj), "NodeDevices status")
+        name = (obj.get("metadata") or {}).get("name")
+        if listing.node is None and name:
+            listing.node = name
+        return listing
+
+    def move(self, request: ReassignRequest) -> ReassignResult:
+        body = {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": "Reassignment",
+            "spec": _dump(request),
+        }
+        data = self._call("POST", f"{AGGREGATED_PREFIX}/reassignments", json=body)
+        return self._parse(ReassignResult, _status_of(data), "Reassignment status")
+
+
+def _status_of(obj: Any) -> Any:
+    return obj.get("status") if isinstance(obj, dict) else None
+
+
+def _unmount_params(container: str | None, force: bool) -> dict[str, str]:
+    params = {}
+    if force:
+        params["force"] = "true"
+    if container:
+        params["container"] = container
+    return params
+
+
+def merge_unmounts(results: list[UnmountResult]) -> UnmountResult:
+    """One answer for several per-device DELETEs of the same container."""
+    first = results[0]
+    return first.model_copy(
+        update={
+            "unmounted": [k for r in results for k in r.unmounted],
+            "not_mounted": [k for r in results for k in r.not_mounted],
+            "stopped_pids": sorted({p for r in results for p in r.stopped_pids}),
+            "holder_pods_deleted": [p for r in results for p in r.holder_pods_deleted],
+        }
+    )
+
+
+# -- HTTP plumbing --------------------------------------------------------------------------
+
+
+class _BearerAuth(httpx.Auth):
+    """`Authorization` from a fixed token, or asked of a callable on every request."""
+
+    def __init__(self, header: str | None = None, provider: Any = None) -> None:
+        self.header = header
+        self.provider = provider
+
+    def auth_flow(self, request: httpx.Request) -> Any:
+        value = self.provider() if self.provider is not None else self.header
+        if value:
+            request.headers["Authorization"] = value
+        yield request
+
+
+def _log_request(request: httpx.Request) -> None:
+    request.extensions["nvcli_start"] = time.monotonic()
+    if log.isEnabledFor(logging.DEBUG):
+        headers = {
+            k: ("<masked>" if k.lower() == "authorization" else v)
+            for k, v in request.headers.items()
+        }
+        log.debug("request headers: %s", headers)
+        if request.content:
+            log.debug("request body: %s", request.content.decode(errors="replace")[:4096])
+
+
+def _log_response(response: httpx.Response) -> None:
+    start = response.request.extensions.get("nvcli_start", time.monotonic())
+    elapsed = (time.monotonic() - start) * 1000
+    log.info(
+        "%s %s %d %s in %.0f milliseconds",
+        response.request.method,
+        response.request.url,
+        response.status_code,
+        response.reason_phrase,
+        elapsed,
+    )
+
+
+def http_client(
+    base_url: str,
+    *,
+    verify: ssl.SSLContext | bool | str = True,
+    auth: httpx.Auth | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    proxy: str | None = None,
+    transport: httpx.BaseTransport | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> httpx.Client:
+    """The httpx client both transports use: timeouts, logging hooks, a User-Agent."""
+    from cli import __version__
+
+    if isinstance(verify, str):
+        verify = ssl.create_default_context(cafile=verify)
+    return httpx.Client(
+        base_url=base_url,
+        verify=verify,
+        auth=auth,
+        timeout=httpx.Timeout(timeout),
+        proxy=proxy,
+        transport=transport,
+        headers={"User-Agent": f"nvcli/{__version__}", **(headers or {})},
+        event_hooks={"request": [_log_request], "response": [_log_response]},
+    )
+
+
+# -- the client -----------------------------------------------------------------------------
+
+
+class HotmountClient:
+    """Mount, unmount, list and move GPUs through one transport. Use it as a context manager.
+
+    Device references are NVML indices (`"0"`), UUIDs (`"GPU-..."`) or CDI names
+    (`"nvidia.com/gpu=0"`). Errors raise `HotmountClientError` subclasses.
+    """
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+
+    @classmethod
+    def for_agent(
+        cls,
+        url: str,
+        token: str | None = None,
+        *,
+        verify: ssl.SSLContext | bool | str = True,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> HotmountClient:
+        """Call an agent directly (its `/v1` paths) with a bearer token."""
+        auth = _BearerAuth(f"Bearer {token}") if token else None
+        http = http_client(url, verify=verify, auth=auth, timeout=timeout, transport=transport)
+        return cls(AgentTransport(http, f"the agent at {url}"))
+
+    @classmethod
+    def from_kubeconfig(
+        cls,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> HotmountClient:
+        """Call the aggregated API through the API server the kubeconfig names."""
+        from cli.kubeconfig import aggregated_http_client, load
+
+        kube = load(kubeconfig, context)
+        http = aggregated_http_client(kube, timeout=timeout)
+        return cls(AggregatedTransport(http, f"the API server at {kube.server}"))
+
+    # -- lifecycle
+    def close(self) -> None:
+        self.transport.http.close()
+
+    def __enter__(self) -> HotmountClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- operations
+    def mount(
+        self,
+        namespace: str,
+        pod: str,
+        devices: list[str] | None = None,
+        count: int | None = None,
+        container: str | None = None,
+        force: bool = False,
+    ) -> MountResult:
+        """Hot-mount `devices` (or, with `count`, N scheduler-accounted GPUs) into a pod."""
+        request = _mount_request(devices, count, container, force)
+        return self.transport.mount(namespace, pod, request)
+
+    def unmount(
+        self,
+        namespace: str,
+        pod: str,
+        devices: list[str] | None = None,
+        container: str | None = None,
+        force: bool = False,
+    ) -> UnmountResult:
+        """Take devices away (all hot-mounted ones when `devices` is None).
+
+        `force` stops the container's processes that hold a device open.
+        """
+        return self.transport.unmount(namespace, pod, devices, container, force)
+
+    def status(self, namespace: str, pod: str) -> PodDevices:
+        """What is hot-mounted in each container of a pod."""
+        return self.transport.status(namespace, pod)
+
+    def list_devices(self, node: str | None = None) -> list[DeviceList]:
+        """The devices of a node (every node when `node` is None) and who holds each."""
+        return self.transport.list_devices(node)
+
+    def move(
+        self,
+        device: str,
+        from_ref: PodRef | tuple[str, ...],
+        to_ref: PodRef | tuple[str, ...],
+        force: bool = False,
+    ) -> ReassignResult:
+        """Unmount `device` from one pod and mount it into another.
+
+        Refs are `PodRef`s or tuples `(namespace, pod[, container])`.
+        """
+        try:
+            request = ReassignRequest.model_validate(
+                {
+                    "device": device,
+                    "from": _pod_ref(from_ref),
+                    "to": _pod_ref(to_ref),
+                    "force": force,
+                }
+            )
+        except ValidationError as exc:
+            raise InvalidRequest(make_status(400, _problems(exc), "BadRequest")) from exc
+        return self.transport.move(request)
+
+    # -- standalone agents
+    def _standalone(self) -> AgentTransport:
+        if not isinstance(self.transport, AgentTransport):
+            raise InvalidRequest(
+                make_status(
+                    400,
+                    "containers by ID are served only by a standalone agent (--agent URL)",
+                    "BadRequest",
+                )
+            )
+        return self.transport
+
+    def mount_container(
+        self, container_id: str, devices: list[str] | None = None, force: bool = False
+    ) -> MountResult:
+        request = _mount_request(devices, None, None, force)
+        return self._standalone().mount_container(container_id, request)
+
+    def unmount_container(
+        self, container_id: str, devices: list[str] | None = None, force: bool = False
+    ) -> UnmountResult:
+        return self._standalone().unmount_container(container_id, devices, force)
+
+    def container_status(self, container_id: str) -> PodDevices:
+        return self._standalone().container_status(container_id)
+
+
+def _mount_request(
+    devices: list[str] | None, count: int | None, container: str | None, force: bool
+) -> MountRequest:
+    try:
+        return MountRequest(devices=devices, count=count, container=container, force=force)
+    except ValidationError as exc:
+        raise InvalidRequest(make_status(400, _problems(exc), "BadRequest")) from exc
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+def _pod_ref(ref: PodRef | tuple[str | None, ...]) -> dict[str, Any]:
+    if isinstance(ref, PodRef):
+        return _dump(ref)
+    namespace, pod, *rest = ref
+    out = {"namespace": namespace, "pod": pod}
+    if rest and rest[0]:
+        out["container"] = rest[0]
+    return out

@@ -1,0 +1,805 @@
+"""`nvcli`: hot-mount GPUs into running pods, from a laptop with a kubeconfig.
+
+Wiring only: flags are parsed here, the work is done by `cli.client` (through the
+API server's aggregated API, or straight to an agent with `--agent`) or by the
+engine in-process (`--local`). Exit codes, for scripts:
+
+    0 success   1 error   2 usage or bad request   3 busy or conflict
+    4 not found   5 unauthenticated or forbidden (or --local without root)   6 timeout
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import re
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, get_type_hints
+
+import typer
+
+from agent.schemas import (
+    ContainerDevices,
+    DeviceHolder,
+    DeviceInfo,
+    DeviceList,
+    MountedDevice,
+    MountResult,
+    PodDevices,
+    PodRef,
+    ReassignResult,
+    UnmountResult,
+)
+from cli import __version__
+from cli.client import (
+    DEFAULT_TIMEOUT,
+    EXIT_AUTH,
+    EXIT_USAGE,
+    Busy,
+    HotmountClient,
+    HotmountClientError,
+    error_for,
+    make_status,
+)
+from cli.kubeconfig import context_namespace
+from cli.output import Waiting, render
+
+app = typer.Typer(
+    name="nvcli",
+    help="Hot-mount GPUs into running pods, and take them away, without a restart.\n\n"
+    "Example:\n\n  nvcli mount --name notebook-0 --mount 0",
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+# -- options every command takes, kubectl's names -------------------------------------------
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+@dataclass
+class Common:
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
+    v: int | None = None
+    timeout: str | None = None
+    output: OutputFormat | None = None
+    agent: str | None = None
+    token: str | None = None
+    token_file: Path | None = None
+    certificate_authority: Path | None = None
+    insecure_skip_tls_verify: bool = False
+    local: bool = False
+    host_root: Path | None = None
+    cdi_dir: list[str] | None = None
+    state_dir: Path | None = None
+
+    def merged(self, outer: Common | None) -> Common:
+        """Flags given after the command win over the same flags given before it."""
+        if outer is None:
+            return self
+        values = {}
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(outer, f.name)
+            values[f.name] = theirs if mine is None or mine is False else mine
+        return Common(**values)
+
+    @property
+    def fmt(self) -> str:
+        return self.output.value if self.output else "table"
+
+
+_COMMON_OPTIONS: dict[str, Any] = {
+    "kubeconfig": Annotated[
+        str | None,
+        typer.Option(
+            "--kubeconfig",
+            metavar="PATH",
+            help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)",
+            show_default=False,
+        ),
+    ],
+    "context": Annotated[
+        str | None, typer.Option("--context", metavar="NAME", help="kubeconfig context")
+    ],
+    "namespace": Annotated[
+        str | None,
+        typer.Option(
+            "-n", "--namespace", metavar="NS", help="the pod's namespace (default: the context's)"
+        ),
+    ],
+    "v": Annotated[
+        int | None,
+        typer.Option(
+            "-v",
+            "--v",
+            metavar="LEVEL",
+            min=0,
+            max=10,
+            help="log verbosity 0-10: 4 logs each HTTP call, 6 adds headers and bodies",
+        ),
+    ],
+    "timeout": Annotated[
+        str | None,
+        typer.Option(
+            "--timeout",
+            metavar="DURATION",
+            help=f"bound on each HTTP call: 30s, 2m, 1m30s; 0 waits forever "
+            f"(default {int(DEFAULT_TIMEOUT)}s)",
+        ),
+    ],
+    "output": Annotated[
+        OutputFormat | None,
+        typer.Option(
+            "-o", "--output", metavar="table|json|yaml", help="output format (default table)"
+        ),
+    ],
+    "agent": Annotated[
+        str | None,
+        typer.Option("--agent", metavar="URL", help="call this agent URL directly (its /v1 API)"),
+    ],
+    "token": Annotated[
+        str | None, typer.Option("--token", metavar="TOKEN", help="bearer token for --agent")
+    ],
+    "token_file": Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file", metavar="PATH", help="file holding the bearer token for --agent"
+        ),
+    ],
+    "certificate_authority": Annotated[
+        Path | None,
+        typer.Option(
+            "--certificate-authority",
+            metavar="PATH",
+            help="CA that signed the --agent's certificate",
+        ),
+    ],
+    "insecure_skip_tls_verify": Annotated[
+        bool,
+        typer.Option("--insecure-skip-tls-verify", help="do not verify the --agent's certificate"),
+    ],
+    "local": Annotated[
+        bool,
+        typer.Option("--local", help="run the engine in-process (no Kubernetes; needs root)"),
+    ],
+    "host_root": Annotated[
+        Path | None,
+        typer.Option("--host-root", metavar="DIR", help="--local: where the host's / is"),
+    ],
+    "cdi_dir": Annotated[
+        list[str] | None,
+        typer.Option("--cdi-dir", metavar="DIR", help="--local: CDI spec directory (repeatable)"),
+    ],
+    "state_dir": Annotated[
+        Path | None,
+        typer.Option("--state-dir", metavar="DIR", help="--local: the engine's ledger directory"),
+    ],
+}
+_COMMON_DEFAULTS = {f.name: f.default for f in fields(Common)}
+
+
+def with_common(func: Callable[..., None]) -> Callable[..., None]:
+    """Add the common options to a command; it receives them as `opts: Common`."""
+    hints = get_type_hints(func, include_extras=True)
+    own = [
+        p.replace(annotation=hints[p.name])
+        for p in inspect.signature(func).parameters.values()
+        if p.name != "opts"
+    ]
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_COMMON_DEFAULTS[name],
+                          annotation=annotation)
+        for name, annotation in _COMMON_OPTIONS.items()
+    ]  # fmt: skip
+
+    @functools.wraps(func)
+    def wrapper(ctx: typer.Context, **kwargs: Any) -> None:
+        common = Common(**{name: kwargs.pop(name) for name in _COMMON_OPTIONS})
+        opts = common.merged(ctx.find_object(Common))
+        if ctx.obj is None:  # the root callback: commands merge these with their own
+            ctx.obj = opts
+        _setup_logging(opts.v or 0)
+        try:
+            func(opts=opts, **kwargs)
+        except UsageError as err:
+            typer.echo(ctx.get_usage(), err=True)
+            typer.echo(f"Try '{ctx.command_path} -h' for help.\n", err=True)
+            typer.echo(f"Error: {err}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        except HotmountClientError as err:
+            typer.echo(f"error: {explain(err, kwargs, opts)}", err=True)
+            raise typer.Exit(err.exit_code) from None
+
+    ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                  annotation=typer.Context)  # fmt: skip
+    params = [ctx_param, *own, *extra]
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
+
+
+@app.callback()
+@with_common
+def _root(opts: Common) -> None:
+    """Hot-mount GPUs into running pods, and take them away, without a restart.
+
+    Flags may come before or after the command, as with kubectl.
+
+    \b
+    Example:
+      nvcli mount --name notebook-0 --mount 0
+    """
+
+
+class UsageError(Exception):
+    """A command line that cannot work: printed with the usage, exit 2."""
+
+
+# -- logging, durations, the namespace ----------------------------------------------------------
+
+
+class _KlogFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = self.formatTime(record, "%m%d %H:%M:%S") + f".{int(record.msecs * 1000):06d}"
+        where = f"{record.filename}:{record.lineno}"
+        return f"{record.levelname[0]}{stamp} {record.process:>7} {where}] {record.getMessage()}"
+
+
+def _setup_logging(verbosity: int) -> None:
+    logger = logging.getLogger("nvcli")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_KlogFormatter())
+        logger.addHandler(handler)
+        logger.propagate = False
+    if verbosity >= 6:
+        logger.setLevel(logging.DEBUG)
+    elif verbosity >= 4:
+        logger.setLevel(logging.INFO)
+    else:
+        logger.setLevel(logging.WARNING)
+
+
+_NUM = r"(\d+(?:\.\d+)?)"
+_DURATION = re.compile(rf"(?:{_NUM}h)?(?:{_NUM}m(?!s))?(?:{_NUM}s)?(?:{_NUM}ms)?")
+
+
+def parse_duration(text: str | None) -> float | None:
+    """kubectl's durations: `30s`, `2m`, `1h`, `1m30s`, `500ms`, bare seconds; 0: no limit."""
+    if text is None:
+        return DEFAULT_TIMEOUT
+    text = text.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        match = _DURATION.fullmatch(text)
+        if not text or match is None:
+            raise UsageError(f"{text!r} is not a duration (e.g. 30s, 2m, 1m30s)") from None
+        h, m, s, ms = (float(g) if g else 0.0 for g in match.groups())
+        seconds = h * 3600 + m * 60 + s + ms / 1000
+    if seconds < 0:
+        raise UsageError("must not be negative")
+    return seconds or None
+
+
+def namespace_of(opts: Common) -> str:
+    return opts.namespace or context_namespace(opts.kubeconfig, opts.context)
+
+
+def split_refs(values: list[str] | None) -> list[str]:
+    """`--mount 0,1`, `--mount=0 --mount 1`: one flat list, duplicates kept once."""
+    refs = [part.strip() for value in values or [] for part in value.split(",")]
+    return list(dict.fromkeys(r for r in refs if r))
+
+
+# -- reaching the agent ---------------------------------------------------------------------------
+
+
+def make_client(opts: Common) -> HotmountClient:
+    timeout = parse_duration(opts.timeout)
+    if opts.agent:
+        token = opts.token
+        if token is None and opts.token_file is not None:
+            try:
+                token = opts.token_file.read_text().strip()
+            except OSError as exc:
+                raise UsageError(str(exc)) from None
+        verify: Any = True
+        if opts.insecure_skip_tls_verify:
+            verify = False
+        elif opts.certificate_authority is not None:
+            verify = str(opts.certificate_authority)
+        return HotmountClient.for_agent(opts.agent, token, verify=verify, timeout=timeout)
+    if opts.token or opts.token_file:
+        raise UsageError("--token and --token-file go with --agent URL")
+    return HotmountClient.from_kubeconfig(opts.kubeconfig, opts.context, timeout=timeout)
+
+
+def _check_modes(opts: Common) -> None:
+    if opts.local and opts.agent:
+        raise UsageError("--local and --agent exclude each other")
+    if not opts.local and (opts.host_root or opts.cdi_dir or opts.state_dir):
+        raise UsageError("--host-root, --cdi-dir and --state-dir go with --local")
+
+
+def emit(result: Any, opts: Common) -> None:
+    typer.echo(render(result, opts.fmt))
+
+
+# -- errors that say what to do -------------------------------------------------------------------
+
+
+def _device_words(refs: list[str]) -> str:
+    named = [f"GPU {r}" if r.isdigit() else r for r in refs]
+    return ", ".join(named) if named else "the device"
+
+
+def explain(err: HotmountClientError, args: dict[str, Any], opts: Common) -> str:
+    """One line: what went wrong, and what to do about it."""
+    details = err.details
+    refs = split_refs(args.get("mount") or args.get("unmount")) or (
+        [args["gpu"]] if args.get("gpu") else []
+    )
+    device = details.get("device") or details.get("name")
+    what = _device_words([str(device)] if device and not refs else refs)
+    container = details.get("container") or args.get("container")
+    if isinstance(err, Busy) and err.holders:
+        procs = ", ".join(f"PID {h.get('pid')} ({h.get('command') or '?'})" for h in err.holders)
+        where = f" in container {container}" if container else ""
+        them = "it" if len(err.holders) == 1 else "them"
+        return f"{what} is in use by {procs}{where}; retry with --force to stop {them}"
+    hint = _HINTS.get(err.reason) or _HINTS_BY_CODE.get(err.code, "")
+    if err.reason == "NotFound" and "could not find the requested resource" in err.message:
+        hint = (
+            "the API server does not serve hotmount.io/v1alpha1: is the APIService "
+            "v1alpha1.hotmount.io installed and Available? (kubectl get apiservice)"
+        )
+    if opts.agent and err.code == 401:
+        hint = "pass a valid token with --token or --token-file"
+    return f"{err.message}; {hint}" if hint else err.message
+
+
+_HINTS = {
+    "DeviceBusy": "retry with --force to stop the processes that hold it",
+    "DeviceClaimed": "it is hot-mounted elsewhere: unmount it there first, or use nvcli move",
+    "AllocatedToPod": "the kubelet gave it to another running pod; --force mounts it anyway",
+    "PodNotRunning": "wait until the pod is Running (kubectl get pod), then retry",
+    "Unschedulable": "no free GPU for the holder pod on the pod's node; free one or ask for fewer",
+    "UnsafePath": "a file that is not the device node is in the way in the container's /dev",
+    "PodNotFound": "check the pod name and the namespace (-n)",
+    "ContainerNotFound": "name the container with --container",
+    "DeviceNotFound": "nvcli list shows the node's devices",
+    "InvalidDevice": "name a device by index, UUID or CDI name (nvcli list)",
+    "InvalidContainer": "name the container with --container",
+    "NotReady": "the agent is starting or cannot reach its node; retry shortly",
+    "Timeout": "raise --timeout, or check the agent (and for --count, the holder pod)",
+    "InvalidKubeconfig": "",
+}
+_HINTS_BY_CODE = {
+    401: "your kubeconfig's credentials were not accepted; log in again (kubectl auth whoami)",
+    403: "ask for RBAC on gpumounts.hotmount.io (verbs create, delete, get, list)",
+    503: "the agent is unavailable; retry shortly, or check it (kubectl -n gpu-hotmount get pods)",
+}
+
+
+# -- the engine in-process (--local) --------------------------------------------------------------
+
+
+class LocalEngine:
+    """`--local`: the engine in this process, results mapped onto the agent's models."""
+
+    def __init__(self, opts: Common) -> None:
+        if os.geteuid() != 0:
+            raise _LocalForbidden()
+        from hotmount.devices.inventory import DEFAULT_CDI_DIRS
+        from hotmount.engine import Engine, EngineConfig
+
+        config = EngineConfig(
+            host_root=opts.host_root or Path("/"),
+            cdi_dirs=tuple(opts.cdi_dir) if opts.cdi_dir else DEFAULT_CDI_DIRS,
+            **({"state_dir": opts.state_dir} if opts.state_dir else {}),
+        )
+        self.engine = self._call(Engine, config)
+
+    @staticmethod
+    def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from hotmount.errors import DeviceBusy, DeviceClaimed, HotmountError
+
+        try:
+            return fn(*args, **kwargs)
+        except HotmountError as exc:
+            details: dict[str, Any] = {}
+            if isinstance(exc, DeviceBusy):
+                details["holders"] = [asdict(h) for h in exc.holders]
+            if isinstance(exc, DeviceClaimed):
+                details["owner"] = exc.owner
+            raise error_for(
+                make_status(exc.http_status, exc.message, exc.reason, **details)
+            ) from exc
+        except PermissionError as exc:
+            raise error_for(
+                make_status(403, f"{exc.strerror}: {exc.filename}", "Forbidden")
+            ) from exc
+
+    def _mounted(self, d: Any) -> MountedDevice:
+        return MountedDevice(key=d.key, kind=d.kind, index=d.index, uuid=d.uuid, paths=d.paths)
+
+    def mount(self, container_id: str, devices: list[str], force: bool) -> MountResult:
+        result = self._call(self.engine.mount, container_id, devices, force=force)
+        return MountResult(
+            container_id=str(result.container.get("id") or container_id),
+            mounted=[self._mounted(d) for d in result.mounted],
+            already_mounted=[self._mounted(d) for d in result.already_mounted],
+        )
+
+    def unmount(self, container_id: str, devices: list[str] | None, force: bool) -> UnmountResult:
+        result = self._call(self.engine.unmount, container_id, devices, force=force)
+        return UnmountResult(
+            container_id=str(result.container.get("id") or container_id),
+            unmounted=result.unmounted,
+            not_mounted=result.not_mounted,
+            stopped_pids=result.stopped_pids,
+        )
+
+    def status(self, container_id: str) -> PodDevices:
+        status = self._call(self.engine.status, container_id)
+        devices = []
+        for d in status.devices:
+            known = self.engine.inventory.get(d.key)
+            devices.append(
+                MountedDevice(
+                    key=d.key,
+                    kind=d.kind,
+                    index=known.index if known else None,
+                    uuid=known.uuid if known else None,
+                    paths=[n.path for n in d.nodes],
+                )
+            )
+        return PodDevices(
+            containers=[
+                ContainerDevices(
+                    container=None,
+                    container_id=status.container_id or status.key,
+                    devices=devices,
+                )
+            ]
+        )
+
+    def list_devices(self) -> list[DeviceList]:
+        holders = self._call(self.engine.holders)
+        devices = [
+            DeviceInfo(
+                key=d.key,
+                kind=str(d.kind),
+                index=d.index,
+                uuid=d.uuid,
+                pci_bus_id=d.pci_bus_id,
+                minor=d.minor,
+                parent=d.parent,
+                nodes=[n.path for n in d.nodes],
+                holder=DeviceHolder(source="hotmount", container_id=holders[d.key])
+                if d.key in holders
+                else None,
+            )
+            for d in self.engine.inventory.devices
+        ]
+        return [DeviceList(node=socket.gethostname(), devices=devices)]
+
+    def move(self, device: str, source: str, target: str, force: bool) -> ReassignResult:
+        unmounted = self.unmount(source, [device], force)
+        mounted = self.mount(target, [device], force)
+        moved = mounted.mounted + mounted.already_mounted
+        return ReassignResult.model_construct(
+            device=moved[0].key if moved else device,
+            from_=PodRef.model_construct(namespace="", pod=source, container=None),
+            to=PodRef.model_construct(namespace="", pod=target, container=None),
+            unmounted=unmounted,
+            mounted=mounted,
+        )
+
+
+class _LocalForbidden(HotmountClientError):
+    exit_code = EXIT_AUTH
+
+    def __init__(self) -> None:
+        super().__init__(
+            make_status(
+                403,
+                "nvcli --local needs root: it changes cgroups and creates device nodes",
+                "Forbidden",
+            )
+        )
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+Name = Annotated[str | None, typer.Option("--name", metavar="POD", help="the pod")]
+Force = Annotated[bool, typer.Option("--force", help="stop processes holding the device")]
+
+
+def _target(opts: Common, name: str | None, container: str | None) -> tuple[str, str | None]:
+    """('pod', name) or ('container', ID): what a mount, unmount or status is about."""
+    if opts.local:
+        if name:
+            raise UsageError("--local works on containers: --container ID, not --name")
+        if not container:
+            raise UsageError("--local needs --container ID")
+        return "container", container
+    if name:
+        return "pod", name
+    if opts.agent and container:
+        return "container", container  # a standalone agent (hotmount-agent --no-kubernetes)
+    raise UsageError("Missing option '--name' (the pod)")
+
+
+@app.command()
+@with_common
+def mount(
+    opts: Common,
+    name: Name = None,
+    mount: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mount",
+            metavar="DEVICES",
+            help="devices: indices, UUIDs or CDI names; comma-separated or repeated",
+        ),
+    ] = None,
+    count: Annotated[
+        int | None,
+        typer.Option(
+            "--count", metavar="N", min=1, max=64, help="N GPUs, accounted with the scheduler"
+        ),
+    ] = None,
+    container: Annotated[
+        str | None,
+        typer.Option(
+            "--container",
+            metavar="NAME",
+            help="container name (default: the first); ID with --local",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="mount even if the kubelet gave it to another pod")
+    ] = False,
+) -> None:
+    """Hot-mount GPUs into a running pod.
+
+    \b
+    Example:
+      nvcli mount --name notebook-0 --mount 0
+      nvcli mount --name notebook-0 -n ml --mount=0,GPU-8f3b... --container main
+      nvcli mount --name notebook-0 --count 2
+      sudo nvcli mount --local --container 3f2a... --mount 0
+    """
+    _check_modes(opts)
+    devices = split_refs(mount)
+    if bool(devices) == (count is not None):
+        raise UsageError("give --mount DEVICES or --count N (one of them)")
+    kind, target = _target(opts, name, container)
+    if opts.local:
+        if count is not None:
+            raise UsageError("--count needs the scheduler: it does not work with --local")
+        emit(LocalEngine(opts).mount(target or "", devices, force), opts)
+        return
+    with make_client(opts) as client:
+        waiting = "waiting for a holder pod to be scheduled" if count else "mounting"
+        with Waiting(f"{waiting}..."):
+            if kind == "container":
+                result = client.mount_container(target or "", devices, force)
+            else:
+                result = client.mount(
+                    namespace_of(opts),
+                    target or "",
+                    devices=devices or None,
+                    count=count,
+                    container=container,
+                    force=force,
+                )
+    emit(result, opts)
+
+
+@app.command()
+@with_common
+def unmount(
+    opts: Common,
+    name: Name = None,
+    unmount: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--unmount", metavar="DEVICES", help="devices to take away; comma-separated or repeated"
+        ),
+    ] = None,
+    all_devices: Annotated[
+        bool, typer.Option("--all", help="take away every hot-mounted device")
+    ] = False,
+    container: Annotated[
+        str | None,
+        typer.Option("--container", metavar="NAME", help="container name; ID with --local"),
+    ] = None,
+    force: Force = False,
+) -> None:
+    """Take hot-mounted GPUs away from a running pod.
+
+    Refused while a process holds a device open, unless --force (which stops it).
+
+    \b
+    Example:
+      nvcli unmount --name notebook-0 --unmount 0
+      nvcli unmount --name notebook-0 --unmount=0,1 --force
+      nvcli unmount --name notebook-0 --all
+    """
+    _check_modes(opts)
+    devices = split_refs(unmount)
+    if bool(devices) == all_devices:
+        raise UsageError("give --unmount DEVICES or --all (one of them)")
+    kind, target = _target(opts, name, container)
+    refs = devices or None
+    if opts.local:
+        emit(LocalEngine(opts).unmount(target or "", refs, force), opts)
+        return
+    with make_client(opts) as client, Waiting("unmounting..."):
+        if kind == "container":
+            result = client.unmount_container(target or "", refs, force)
+        else:
+            result = client.unmount(
+                namespace_of(opts), target or "", refs, container=container, force=force
+            )
+    emit(result, opts)
+
+
+@app.command()
+@with_common
+def status(
+    opts: Common,
+    name: Name = None,
+    container: Annotated[
+        str | None,
+        typer.Option("--container", metavar="NAME", help="only this container; ID with --local"),
+    ] = None,
+) -> None:
+    """Show what is hot-mounted in a pod.
+
+    \b
+    Example:
+      nvcli status --name notebook-0 -n ml
+      nvcli status --name notebook-0 -o yaml
+    """
+    _check_modes(opts)
+    kind, target = _target(opts, name, container)
+    if opts.local:
+        emit(LocalEngine(opts).status(target or ""), opts)
+        return
+    with make_client(opts) as client:
+        if kind == "container":
+            result = client.container_status(target or "")
+        else:
+            result = client.status(namespace_of(opts), target or "")
+    if container and kind == "pod":
+        result.containers = [c for c in result.containers if c.container == container]
+    emit(result, opts)
+
+
+@app.command("list")
+@with_common
+def list_(
+    opts: Common,
+    node: Annotated[
+        str | None, typer.Option("--node", metavar="NODE", help="only this node")
+    ] = None,
+) -> None:
+    """List the devices on a node and who holds each.
+
+    \b
+    Example:
+      nvcli list --node gpu-node-1
+      nvcli list -o json
+    """
+    _check_modes(opts)
+    if opts.local:
+        emit(LocalEngine(opts).list_devices(), opts)
+        return
+    with make_client(opts) as client:
+        result = client.list_devices(node)
+    emit(result, opts)
+
+
+@app.command()
+@with_common
+def move(
+    opts: Common,
+    gpu: Annotated[
+        str, typer.Option("--gpu", metavar="DEVICE", help="the device: index, UUID or CDI name")
+    ],
+    from_: Annotated[
+        str,
+        typer.Option(
+            "--from", metavar="POD", help="the pod that has it (container ID with --local)"
+        ),
+    ],
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to", metavar="POD", help="the pod that gets it (container ID with --local)"
+        ),
+    ],
+    from_namespace: Annotated[
+        str | None,
+        typer.Option("--from-namespace", metavar="NS", help="default: -n, then the context's"),
+    ] = None,
+    to_namespace: Annotated[
+        str | None,
+        typer.Option("--to-namespace", metavar="NS", help="default: -n, then the context's"),
+    ] = None,
+    from_container: Annotated[str | None, typer.Option("--from-container", metavar="NAME")] = None,
+    to_container: Annotated[str | None, typer.Option("--to-container", metavar="NAME")] = None,
+    force: Force = False,
+) -> None:
+    """Move a GPU from one pod to another (unmount there, mount here).
+
+    \b
+    Example:
+      nvcli move --gpu 0 --from notebook-0 --to notebook-1
+      nvcli move --gpu 0 --from a --from-namespace team-a --to b --to-namespace team-b --force
+    """
+    _check_modes(opts)
+    if opts.local:
+        emit(LocalEngine(opts).move(gpu, from_, to, force), opts)
+        return
+    default_ns = None if (from_namespace and to_namespace) else namespace_of(opts)
+    src = (from_namespace or default_ns or "", from_, from_container)
+    dst = (to_namespace or default_ns or "", to, to_container)
+    with make_client(opts) as client, Waiting("moving..."):
+        result = client.move(gpu, src, dst, force=force)
+    emit(result, opts)
+
+
+@app.command()
+@with_common
+def version(opts: Common) -> None:
+    """Print nvcli's version.
+
+    \b
+    Example:
+      nvcli version
+      nvcli version -o json
+    """
+    if opts.fmt == "table":
+        typer.echo(f"nvcli {__version__}")
+        return
+    emit({"clientVersion": {"version": __version__}}, opts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `nvcli` console script; returns (and exits with) the exit status."""
+    try:
+        app(args=argv, prog_name="nvcli", standalone_mode=True)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Rendering results as `-o table|json|yaml`, and the waiting indicator on stderr.
+
+json and yaml print the agent's models exactly as they travel on the wire
+(camelCase, every field), so a script sees the same document as an HTTP caller.
+Tables are for people: one row per device.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import yaml
+from pydantic import BaseModel
+
+from agent.schemas import (
+    DeviceHolder,
+    DeviceList,
+    MountResult,
+    PodDevices,
+    ReassignResult,
+    UnmountResult,
+)
+
+FORMATS = ("table", "json", "yaml")
+
+
+def to_data(result: Any) -> Any:
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json", by_alias=True)
+    if isinstance(result, list):
+        return [to_data(item) for item in result]
+    return result
+
+
+def render(result: Any, fmt: str) -> str:
+    """The text to print for `result` in format `fmt`."""
+    if fmt == "json":
+        return json.dumps(to_data(result), indent=2)
+    if fmt == "yaml":
+        return yaml.safe_dump(to_data(result), sort_keys=False, default_flow_style=False).rstrip()
+    return table(result)
+
+
+def table(result: Any) -> str:
+    if isinstance(result, MountResult):
+        return mount_table(result)
+    if isinstance(result, UnmountResult):
+        return unmount_table(result)
+    if isinstance(result, PodDevices):
+        return status_table(result)
+    if isinstance(result, ReassignResult):
+        return move_table(result)
+    if isinstance(result, list) and all(isinstance(r, DeviceList) for r in result):
+        return devices_table(result)
+    if isinstance(result, dict):
+        return "\n".join(f"{k}: {v}" for k, v in result.items())
+    return str(result)
+
+
+def columns(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """kubectl's layout: upper-case headers, columns padded to the widest cell plus 3."""
+    cells = [[str(c) for c in header], *[[_cell(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "   ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in cells
+    )
+
+
+def _cell(value: Any) -> str:
+    if value is None or value in ("", []):
+        return "<none>"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _pod(namespace: str | None, pod: str | None) -> str:
+    if pod is None:
+        return "<none>"
+    return f"{namespace}/{pod}" if namespace else pod
+
+
+def _container(name: str | None, container_id: str) -> str:
+    return name or container_id[:13] or "<none>"
+
+
+def _where(namespace: str | None, pod: str | None, container: str | None, cid: str) -> str:
+    return f"{_pod(namespace, pod)} container {_container(container, cid)}"
+
+
+def holder_text(holder: DeviceHolder | None) -> str:
+    if holder is None:
+        return "<free>"
+    who = _pod(holder.namespace, holder.pod) if holder.pod else (holder.container_id or "")[:13]
+    if holder.container:
+        who += f" ({holder.container})"
+    return f"{who} [{holder.source}]"
+
+
+def devices_table(listings: list[DeviceList]) -> str:
+    rows = [
+        [
+            listing.node,
+            d.index if d.index is not None else "-",
+            d.key,
+            d.kind,
+            d.uuid,
+            holder_text(d.holder),
+        ]
+        for listing in listings
+        for d in listing.devices
+    ]
+    if not rows:
+        return "No devices found."
+    return columns(["NODE", "INDEX", "DEVICE", "KIND", "UUID", "HELD BY"], rows)
+
+
+def status_table(result: PodDevices) -> str:
+    rows = [
+        [
+            _pod(result.namespace, result.pod),
+            _container(c.container, c.container_id),
+            d.index if d.index is not None else "-",
+            d.key,
+            d.uuid,
+            d.paths,
+        ]
+        for c in result.containers
+        for d in c.devices
+    ]
+    if not rows:
+        return f"No devices are hot-mounted in {_pod(result.namespace, result.pod)}."
+    return columns(["POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS"], rows)
+
+
+def mount_table(result: MountResult) -> str:
+    rows = [
+        [d.index if d.index is not None else "-", d.key, state, d.paths]
+        for state, devices in (
+            ("mounted", result.mounted),
+            ("already mounted", result.already_mounted),
+        )
+        for d in devices
+    ]
+    where = _where(result.namespace, result.pod, result.container, result.container_id)
+    lines = [columns(["INDEX", "DEVICE", "STATE", "PATHS"], rows) if rows else "No devices."]
+    lines.append(f"into {where}")
+    if result.holder_pod:
+        lines.append(f"accounted by holder pod {result.namespace}/{result.holder_pod}")
+    return "\n".join(lines)
+
+
+def unmount_table(result: UnmountResult) -> str:
+    rows = [[key, "unmounted"] for key in result.unmounted]
+    rows += [[key, "not mounted"] for key in result.not_mounted]
+    where = _where(result.namespace, result.pod, result.container, result.container_id)
+    lines = [columns(["DEVICE", "STATE"], rows) if rows else "Nothing was hot-mounted."]
+    lines.append(f"from {where}")
+    if result.stopped_pids:
+        lines.append(f"stopped PIDs: {', '.join(str(p) for p in result.stopped_pids)}")
+    if result.holder_pods_deleted:
+        lines.append(f"holder pods deleted: {', '.join(result.holder_pods_deleted)}")
+    return "\n".join(lines)
+
+
+def move_table(result: ReassignResult) -> str:
+    src, dst = result.from_, result.to
+    lines = [
+        columns(
+            ["DEVICE", "FROM", "TO"],
+            [[result.device, _pod(src.namespace, src.pod), _pod(dst.namespace, dst.pod)]],
+        )
+    ]
+    if result.unmounted.stopped_pids:
+        stopped = ", ".join(str(p) for p in result.unmounted.stopped_pids)
+        lines.append(f"stopped PIDs: {stopped}")
+    paths = [p for d in result.mounted.mounted + result.mounted.already_mounted for p in d.paths]
+    if paths:
+        lines.append(f"paths in {_pod(dst.namespace, dst.pod)}: {', '.join(paths)}")
+    return "\n".join(lines)
+
+
+class Waiting:
+    """A "waiting…" spinner on stderr while a call runs; silent unless stderr is a TTY.
+
+    It appears only after `delay` seconds, so quick calls print nothing.
+    """
+
+    FRAMES = "|/-\\"
+
+    def __init__(self, message: str, stream: TextIO | None = None, delay: float = 0.3) -> None:
+        self.message = message
+        self.stream = stream or sys.stderr
+        self.delay = delay
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shown = False
+
+    def __enter__(self) -> Waiting:
+        isatty = getattr(self.stream, "isatty", None)
+        if isatty is not None and isatty():
+            self._thread = threading.Thread(target=self._spin, daemon=True, name="nvcli-waiting")
+            self._thread.start()
+        return self
+
+    def _spin(self) -> None:
+        start = time.monotonic()
+        if self._stop.wait(self.delay):
+            return
+        frame = 0
+        while not self._stop.is_set():
+            elapsed = int(time.monotonic() - start)
+            self.stream.write(f"\r{self.FRAMES[frame % 4]} {self.message} ({elapsed}s)")
+            self.stream.flush()
+            self._shown = True
+            frame += 1
+            self._stop.wait(0.1)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()

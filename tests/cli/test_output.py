@@ -1,0 +1,119 @@
+"""table, json and yaml rendering of every result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from agent.schemas import DeviceList, MountResult, PodDevices, ReassignResult, UnmountResult
+from cli.output import Waiting, render
+from tests.cli.test_client import (
+    UUID0,
+    UUID1,
+    device_list,
+    mount_result,
+    pod_devices,
+    reassign_result,
+    unmount_result,
+)
+
+RESULTS = {
+    "mount": MountResult.model_validate(mount_result(holderPod="nb-0-gpu-holder-x")),
+    "unmount": UnmountResult.model_validate(unmount_result(UUID1, [4242])),
+    "status": PodDevices.model_validate(pod_devices()),
+    "list": [
+        DeviceList.model_validate(
+            {
+                "node": "node-a",
+                "devices": [
+                    {**device_list()["devices"][0]},
+                    {
+                        "key": UUID1,
+                        "kind": "gpu",
+                        "index": 1,
+                        "uuid": UUID1,
+                        "nodes": ["/dev/nvidia1"],
+                        "holder": {
+                            "source": "hotmount",
+                            "namespace": "ml",
+                            "pod": "nb-0",
+                            "container": "main",
+                        },
+                    },
+                ],
+            }
+        )
+    ],
+    "move": ReassignResult.model_validate(reassign_result(force=True)),
+}
+
+
+@pytest.mark.parametrize("kind", RESULTS)
+def test_json_and_yaml_are_the_wire_documents(kind: str) -> None:
+    result = RESULTS[kind]
+    wire = (
+        [r.model_dump(mode="json", by_alias=True) for r in result]
+        if isinstance(result, list)
+        else result.model_dump(mode="json", by_alias=True)
+    )
+    assert json.loads(render(result, "json")) == wire
+    assert yaml.safe_load(render(result, "yaml")) == wire
+
+
+def test_tables() -> None:
+    mount = render(RESULTS["mount"], "table").splitlines()
+    assert mount[0].split() == ["INDEX", "DEVICE", "STATE", "PATHS"]
+    assert mount[1].split() == ["0", UUID0, "mounted", "/dev/nvidia0,/dev/nvidiactl"]
+    assert "into ml/nb-0 container main" in mount
+    assert "accounted by holder pod ml/nb-0-gpu-holder-x" in mount
+
+    unmount = render(RESULTS["unmount"], "table").splitlines()
+    assert unmount[1].split() == [UUID1, "unmounted"]
+    assert "stopped PIDs: 4242" in unmount
+
+    status = render(RESULTS["status"], "table").splitlines()
+    assert status[0].split() == ["POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS"]
+    assert status[1].split()[:3] == ["ml/nb-0", "main", "1"]
+
+    listing = render(RESULTS["list"], "table").splitlines()
+    assert listing[0].split() == ["NODE", "INDEX", "DEVICE", "KIND", "UUID", "HELD", "BY"]
+    assert listing[1].endswith("<free>")
+    assert listing[2].endswith("ml/nb-0 (main) [hotmount]")
+
+    move = render(RESULTS["move"], "table").splitlines()
+    assert move[1].split() == [UUID0, "a/p", "b/q"]
+    assert "stopped PIDs: 4242" in move
+
+
+def test_empty_results_say_so() -> None:
+    empty = PodDevices(namespace="ml", pod="nb-0", containers=[])
+    assert render(empty, "table") == "No devices are hot-mounted in ml/nb-0."
+    assert render([DeviceList(node="n", devices=[])], "table") == "No devices found."
+
+
+class _Tty:
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+def test_waiting_spins_only_on_a_tty() -> None:
+    import time
+
+    tty, pipe = _Tty(True), _Tty(False)
+    with Waiting("waiting for a holder pod", stream=tty, delay=0):  # type: ignore[arg-type]
+        time.sleep(0.25)
+    with Waiting("waiting for a holder pod", stream=pipe, delay=0):  # type: ignore[arg-type]
+        time.sleep(0.25)
+    assert "waiting for a holder pod" in tty.text and tty.text.endswith("\r\033[K")
+    assert pipe.text == ""
