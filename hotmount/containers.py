@@ -118,16 +118,21 @@ class Container:
         }
 
 
-def read_cgroup_pids(directory: Path) -> list[int]:
-    pids: list[int] = []
-    for root, _dirs, files in os.walk(directory):
-        if "cgroup.procs" in files:
-            try:
-                text = Path(root, "cgroup.procs").read_text()
-            except OSError:
-                continue
-            pids.extend(int(line) for line in text.split())
-    return sorted(set(pids))
+def read_cgroup_pids(directory: Path | str) -> list[int]:
+    """PIDs in a cgroup and its descendants (containers rarely have any)."""
+    pids: set[int] = set()
+    pending = [os.fspath(directory)]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(os.path.join(current, "cgroup.procs")) as procs:
+                pids.update(int(line) for line in procs.read().split())
+            entries = os.scandir(current)
+        except OSError:
+            continue
+        with entries:
+            pending.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+    return sorted(pids)
 
 
 class ContainerResolver:
@@ -137,6 +142,8 @@ class ContainerResolver:
         self.host = host
         self.layout = layout
         self._where: dict[str, Path] = {}
+        self._host_ns: str | None = None
+        self._init: dict[Path, int] = {}
 
     def resolve(self, ref: str | ContainerRef) -> Container:
         if isinstance(ref, str):
@@ -182,10 +189,11 @@ class ContainerResolver:
     def _from_pid(self, pid: int, expected_id: str | None) -> Container:
         if pid == 1:
             raise NotInContainer("PID 1 is the host's init, not a container")
-        proc = self.host.proc / str(pid)
+        proc = os.path.join(self.host.proc, str(pid))
         try:
-            paths = parse_proc_cgroup((proc / "cgroup").read_text())
-            mnt_ns = os.readlink(proc / "ns" / "mnt")
+            with open(os.path.join(proc, "cgroup")) as cgroup:
+                paths = parse_proc_cgroup(cgroup.read())
+            mnt_ns = os.readlink(os.path.join(proc, "ns", "mnt"))
         except FileNotFoundError as exc:
             what = f"container {expected_id}" if expected_id else f"process {pid}"
             raise ContainerNotFound(f"{what} is not running") from exc
@@ -211,9 +219,14 @@ class ContainerResolver:
         pids = read_cgroup_pids(procs_dir)
         if pid not in pids:
             raise ContainerNotFound(f"process {pid} left its container while being resolved")
+        cached = self._init.get(procs_dir)
+        init = cached if cached in pids else _init_pid(self.host, pids)
+        if len(self._init) > 4096:
+            self._init.clear()
+        self._init[procs_dir] = init
         return Container(
             id=container_id,
-            init_pid=_init_pid(self.host, pids),
+            init_pid=init,
             cgroups=paths,
             v1_devices_dir=v1_dir,
             v2_dir=v2_dir,
@@ -222,10 +235,12 @@ class ContainerResolver:
 
     def _host_mnt_ns(self) -> str:
         """The host's mount namespace: PID 1's, or ours where PID 1's is hidden from us."""
-        try:
-            return os.readlink(self.host.proc / "1" / "ns" / "mnt")
-        except PermissionError:
-            return os.readlink("/proc/self/ns/mnt")
+        if self._host_ns is None:
+            try:
+                self._host_ns = os.readlink(self.host.proc / "1" / "ns" / "mnt")
+            except PermissionError:
+                self._host_ns = os.readlink("/proc/self/ns/mnt")
+        return self._host_ns
 
 
 def _pids_or_none(directory: Path) -> list[int] | None:

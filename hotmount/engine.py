@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hotmount import plan, usage
 from hotmount.cgroups.detect import CgroupLayout, detect
-from hotmount.cgroups.v1 import V1Devices
+from hotmount.cgroups.v1 import V1Devices, allows
 from hotmount.cgroups.v2 import V2Devices
 from hotmount.containers import Container, ContainerRef, ContainerResolver
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
@@ -38,7 +38,7 @@ from hotmount.ledger import ContainerRecord, DeviceRecord, Ledger, NodeRecord, P
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STATE_DIR = Path("/var/lib/gpu-hotmount")
+DEFAULT_STATE_DIR = Path("/run/gpu-hotmount")  # tmpfs: as long-lived as the kernel state
 
 
 @dataclass(frozen=True)
@@ -170,19 +170,34 @@ class Engine:
             already = [_mounted(d) for d in devices if d.key in record.devices]
             if not new:
                 return MountResult(container.as_dict(), [], already)
-            # The intent goes on disk before the claims: another container that finds
-            # our claim then also finds our record, and never mistakes it for stale.
-            record.pending = PendingOp(op="mount", devices=[d.key for d in new], nodes=[])
+            with self._fs(container) as fs:
+                pending = self._plan(record, new, fs)
+                # The plan goes on disk before the claims: another container that finds
+                # our claim then also finds our record, and never mistakes it for stale.
+                record.pending = PendingOp(op="mount", devices=[d.key for d in new], nodes=pending)
+                self.ledger.save(record)
+                created: list[NodeRecord] = []
+                try:
+                    self._claim(new, container.key, force)
+                    self._apply_mount(record, pending, created, fs, alive)
+                except BaseException:
+                    for device in new:
+                        self.ledger.release(device.key, container.key)
+                    self._undo_mount(record, pending, created, fs)
+                    raise
+            for node_record in pending:
+                record.nodes[node_record.path] = node_record
+            for device in new:
+                record.devices[device.key] = DeviceRecord(
+                    key=device.key,
+                    kind=str(device.kind),
+                    node_paths=[n.path for n in device.all_nodes],
+                    mounted_at=now(),
+                    metadata=metadata or {},
+                )
+            record.pending = None
             self.ledger.save(record)
-            try:
-                self._claim(new, container.key, force)
-                self._mount_new(record, container, new, metadata or {}, alive)
-            except BaseException:
-                for device in new:
-                    self.ledger.release(device.key, container.key)
-                record.pending = None
-                _quietly(self.ledger.save, record)
-                raise
+            log.info("mounted %s into %s", [d.key for d in new], container.key)
             return MountResult(container.as_dict(), [_mounted(d) for d in new], already)
 
     def _claim(self, devices: list[Device], owner: str, force: bool) -> None:
@@ -204,63 +219,50 @@ class Engine:
                 self.ledger.release(key, owner)
             raise
 
-    def _mount_new(
+    def _plan(
+        self, record: ContainerRecord, new: list[Device], fs: ContainerFs
+    ) -> list[NodeRecord]:
+        """Read-only: which nodes to add, refusing paths held by something else."""
+        v1 = self._v1(record.v1_dir)
+        v1_list = v1.entries() if v1 is not None else None
+        pending = []
+        for node in plan.nodes_to_add(record, new):
+            state = fs.state(node)
+            if state is NodeState.MISMATCH:
+                raise UnsafePath(f"{node.path} in the container is not the expected device")
+            pending.append(
+                NodeRecord(
+                    path=node.path,
+                    major=node.major,
+                    minor=node.minor,
+                    file_mode=node.file_mode,
+                    permissions=node.permissions,
+                    created=state is NodeState.ABSENT,
+                    v1_added=v1_list is not None and not allows(v1_list, node.rule),
+                )
+            )
+        return pending
+
+    def _apply_mount(
         self,
         record: ContainerRecord,
-        container: Container,
-        new: list[Device],
-        metadata: dict[str, str],
+        pending: list[NodeRecord],
+        created: list[NodeRecord],
+        fs: ContainerFs,
         alive: _Liveness,
     ) -> None:
-        with self._fs(container) as fs:
-            adding = plan.nodes_to_add(record, new)
-            v1 = self._v1(record.v1_dir)
-            pending = []
-            for node in adding:
-                state = fs.state(node)
-                if state is NodeState.MISMATCH:
-                    raise UnsafePath(f"{node.path} in the container is not the expected device")
-                pending.append(
-                    NodeRecord(
-                        path=node.path,
-                        major=node.major,
-                        minor=node.minor,
-                        file_mode=node.file_mode,
-                        permissions=node.permissions,
-                        created=state is NodeState.ABSENT,
-                        v1_added=v1 is not None and not v1.allows(node.rule),
-                    )
-                )
-            record.pending = PendingOp(op="mount", devices=[d.key for d in new], nodes=pending)
-            self.ledger.save(record)
-            created: list[NodeRecord] = []
-            try:
-                for node_record in pending:
-                    if node_record.v1_added:
-                        assert v1 is not None
-                        v1.allow(_rule(node_record))
-                self._v2_grant(record.v2_dir, [*record.nodes.values(), *pending])
-                for node_record in pending:
-                    node_record.created = fs.ensure(plan.node_of(node_record))
-                    if node_record.created:
-                        created.append(node_record)
-                alive.check()
-            except BaseException:
-                self._undo_mount(record, pending, created, fs)
-                raise
-            for node_record in pending:
-                record.nodes[node_record.path] = node_record
-            for device in new:
-                record.devices[device.key] = DeviceRecord(
-                    key=device.key,
-                    kind=str(device.kind),
-                    node_paths=[n.path for n in device.all_nodes],
-                    mounted_at=now(),
-                    metadata=metadata,
-                )
-            record.pending = None
-            self.ledger.save(record)
-            log.info("mounted %s into %s", [d.key for d in new], container.key)
+        """Grant first, then create the nodes: no node appears that cannot be opened."""
+        v1 = self._v1(record.v1_dir)
+        for node_record in pending:
+            if node_record.v1_added:
+                assert v1 is not None
+                v1.allow(_rule(node_record))
+        self._v2_grant(record.v2_dir, [*record.nodes.values(), *pending])
+        for node_record in pending:
+            node_record.created = fs.ensure(plan.node_of(node_record))
+            if node_record.created:
+                created.append(node_record)
+        alive.check()
 
     def _undo_mount(
         self,
@@ -350,7 +352,8 @@ class Engine:
         pids = container.pids()
         found = usage.holders(self.host.proc, pids, numbers)
         uuids = [d.uuid for k in targets if (d := self.inventory.get(k)) and d.uuid]
-        extra = (usage.nvml_pids(uuids) & set(pids)) - {h.pid for h in found}
+        nvml = usage.nvml_pids(uuids) if self.config.use_nvml else set()
+        extra = (nvml & set(pids)) - {h.pid for h in found}
         found += [Holder(pid, usage.comm(self.host.proc, pid), "(NVML)") for pid in extra]
         return found
 
@@ -568,7 +571,8 @@ class Engine:
 
     @contextlib.contextmanager
     def _fs(self, container: Container) -> Iterator[ContainerFs]:
-        fs = open_container_fs(self.host.proc / str(container.init_pid), self.config.node_method)
+        proc_dir = Path(os.path.join(self.host.proc, str(container.init_pid)))
+        fs = open_container_fs(proc_dir, self.config.node_method)
         try:
             yield fs
         finally:
@@ -602,7 +606,8 @@ class _Liveness:
 
 def _start_time(host: HostRoot, pid: int) -> int:
     try:
-        text = (host.proc / str(pid) / "stat").read_text()
+        with open(os.path.join(host.proc, str(pid), "stat")) as stat_file:
+            text = stat_file.read()
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
     return int(text.rpartition(")")[2].split()[19])  # field 22: starttime

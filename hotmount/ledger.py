@@ -1,10 +1,10 @@
-"""What the engine added, to which container: durable, per container, crash-safe.
+"""What the engine added, to which container: per container, crash-safe.
 
 The kernel is the truth for grants; the ledger says which of them are *ours*,
 so that unmount, status and reconcile work after a restart and never remove
 what the runtime granted itself. Layout under the state directory:
 
-    containers/<key>.json   one record per container (atomic: temp, fsync, rename)
+    containers/<key>.json   one record per container (atomic: temp file, rename)
     claims/<device>         which container holds a device (O_EXCL: one winner)
     locks/<key>.lock        flock held for the length of one operation on a container
 
@@ -13,15 +13,21 @@ midway, reconcile finds it: a pending mount is rolled back, a pending unmount
 rolled forward, so no node is left without its grant, nor a grant without its
 record. There is no global lock: operations on different containers never wait
 for each other.
+
+The ledger lives on tmpfs by default (/run/gpu-hotmount): it describes cgroup
+grants, BPF maps and nodes in containers' namespaces, none of which survives a
+reboot, so it should not either. Hence no fsync: rename alone is atomic against
+a crash of the process, which is the failure that matters. A record that does
+not parse is treated as absent (and its container forgotten by reconcile).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -35,6 +41,7 @@ from pydantic import BaseModel, Field
 from hotmount.errors import KernelError
 
 LEDGER_VERSION = 1
+log = logging.getLogger(__name__)
 
 
 class NodeRecord(BaseModel):
@@ -100,32 +107,23 @@ class Ledger:
 
     # -- records
     def load(self, key: str) -> ContainerRecord | None:
-        try:
-            text = (self._containers / f"{_file_name(key)}.json").read_text()
-        except FileNotFoundError:
-            return None
-        return ContainerRecord.model_validate_json(text)
+        return _parse(self._containers / f"{_file_name(key)}.json")
 
     def save(self, record: ContainerRecord) -> None:
         path = self._containers / f"{_file_name(record.key)}.json"
         if not record.devices and record.pending is None and not record.nodes:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-            _fsync_dir(self._containers)
             return
         _atomic_write(path, record.model_dump_json(indent=1).encode())
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self._containers / f"{_file_name(key)}.json").unlink()
-        _fsync_dir(self._containers)
 
     def records(self) -> list[ContainerRecord]:
-        out = []
-        for path in sorted(self._containers.glob("*.json")):
-            with contextlib.suppress(FileNotFoundError):
-                out.append(ContainerRecord.model_validate_json(path.read_text()))
-        return out
+        records = (_parse(path) for path in sorted(self._containers.glob("*.json")))
+        return [record for record in records if record is not None]
 
     # -- per-container operation lock
     @contextlib.contextmanager
@@ -148,7 +146,6 @@ class Ledger:
             return None if holder in (owner, None) else holder
         try:
             os.write(fd, json.dumps({"device": device_key, "owner": owner}).encode())
-            os.fsync(fd)
         finally:
             os.close(fd)
         return None
@@ -179,11 +176,20 @@ class Ledger:
         return out
 
 
+def _parse(path: Path) -> ContainerRecord | None:
+    try:
+        return ContainerRecord.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        log.warning("ignoring unreadable ledger record %s: %s", path, exc)
+        return None
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.write(fd, data)
-        os.fsync(fd)
         os.close(fd)
         os.replace(tmp, path)
     except OSError as exc:
@@ -192,15 +198,3 @@ def _atomic_write(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise KernelError(f"writing the ledger {path}: {exc.strerror}") from exc
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some filesystems refuse fsync on directories
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)

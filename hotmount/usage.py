@@ -23,7 +23,7 @@ def holders(proc: Path, pids: Iterable[int], numbers: set[tuple[int, int]]) -> l
     """Processes among `pids` with an open fd on a character device in `numbers`."""
     found: dict[tuple[int, str], Holder] = {}
     for pid in pids:
-        fd_dir = proc / str(pid) / "fd"
+        fd_dir = os.path.join(proc, str(pid), "fd")
         try:
             entries = list(os.scandir(fd_dir))
         except OSError:
@@ -42,15 +42,29 @@ def holders(proc: Path, pids: Iterable[int], numbers: set[tuple[int, int]]) -> l
     return sorted(found.values(), key=lambda h: (h.pid, h.path))
 
 
+_nvml_retry_at = 0.0
+_NVML_RETRY_SECONDS = 60.0
+
+
 def nvml_pids(uuids: Iterable[str]) -> set[int]:
-    """Host PIDs NVML reports on these GPUs; empty where NVML does not load."""
+    """Host PIDs NVML reports on these GPUs; empty where NVML does not load.
+
+    A failed load is not retried for a minute: dlopen on every unmount costs more
+    than the whole rest of it.
+    """
+    global _nvml_retry_at
+    uuids = list(uuids)
+    if not uuids or time.monotonic() < _nvml_retry_at:
+        return set()
     try:
         import pynvml
     except ImportError:
+        _nvml_retry_at = float("inf")
         return set()
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
+        _nvml_retry_at = time.monotonic() + _NVML_RETRY_SECONDS
         return set()
     pids: set[int] = set()
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 
 class DeviceKind(StrEnum):
@@ -56,7 +57,7 @@ class DeviceNode:
             raise ValueError(f"device number {self.major}:{self.minor} is out of range")
         access_mask(self.permissions)
 
-    @property
+    @cached_property
     def rule(self) -> DeviceRule:
         return DeviceRule("c", self.major, self.minor, access_mask(self.permissions))
 
