@@ -1,7 +1,7 @@
 """Agent configuration: flags and environment (HOTMOUNT_*), through pydantic-settings.
 
     hotmount-agent --listen 0.0.0.0:8443 --listen unix:/run/gpu-hotmount/agent.sock \
-        --tls-cert /tls/tls.crt --tls-key /tls/tls.key --state-dir /var/lib/gpu-hotmount
+        --tls-cert /tls/tls.crt --tls-key /tls/tls.key --state-dir /run/gpu-hotmount/state
 
 Every flag has an environment twin: `--reconcile-interval 5` is
 `HOTMOUNT_RECONCILE_INTERVAL=5`; `NODE_NAME` (downward API) also sets the node.
@@ -83,6 +83,10 @@ class AgentSettings(BaseSettings):
         default="app.kubernetes.io/name=gpu-hotmount", description="label selector of the agents"
     )
     agent_port: int = Field(default=8443, description="the port other agents serve on")
+    agent_service: str = Field(
+        default="gpu-hotmount",
+        description="the agents' Service: its DNS name is what their certificates carry",
+    )
     agent_scheme: str = Field(default="https")
     agent_ca: Path | None = Field(
         default=None, description="CA that signs the other agents' serving certificates"
@@ -101,6 +105,11 @@ class AgentSettings(BaseSettings):
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"{value}: expected HOST:PORT or unix:PATH")
         return values
+
+    @property
+    def agent_server_name(self) -> str:
+        """The name other agents' serving certificates are checked against (not the pod IP)."""
+        return f"{self.agent_service}.{self.agent_namespace}.svc"
 
     @property
     def agent_user(self) -> str:

@@ -98,7 +98,15 @@ class Gateway:
         if local_only:
             headers.append((LOCAL_ONLY, "1"))
         log.info("forwarding %s %s for %s to %s", method, path, caller.name, agent.node_name)
+        # The pod IP is not in the agents' certificates; their Service name is.
+        extensions = (
+            {"sni_hostname": self.settings.agent_server_name}
+            if self.settings.agent_scheme == "https"
+            else None
+        )
         try:
-            return self._http.request(method, url, params=params, json=body, headers=headers)
+            return self._http.request(
+                method, url, params=params, json=body, headers=headers, extensions=extensions
+            )
         except httpx.HTTPError as exc:
             raise UpstreamError(f"forwarding to the agent on {agent.node_name}: {exc}") from exc

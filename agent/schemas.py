@@ -39,6 +39,14 @@ ContainerName = Annotated[
 
 
 class Model(BaseModel):
+    """Replies: unknown fields are ignored, so an older client reads a newer agent."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class Request(Model):
+    """Requests: unknown fields are refused, so a typo is an error, not a silent default."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
@@ -81,7 +89,7 @@ class DeviceList(Model):
     devices: list[DeviceInfo]
 
 
-class MountRequest(Model):
+class MountRequest(Request):
     container: ContainerName | None = None
     devices: list[DeviceRef] | None = Field(default=None, min_length=1, max_length=64)
     count: int | None = Field(default=None, ge=1, le=64)
@@ -135,13 +143,13 @@ class PodDevices(Model):
     containers: list[ContainerDevices]
 
 
-class PodRef(Model):
+class PodRef(Request):
     namespace: KubeName
     pod: KubeName
     container: ContainerName | None = None
 
 
-class ReassignRequest(Model):
+class ReassignRequest(Request):
     device: DeviceRef
     from_: PodRef = Field(alias="from")
     to: PodRef

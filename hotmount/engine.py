@@ -38,7 +38,7 @@ from hotmount.ledger import ContainerRecord, DeviceRecord, Ledger, NodeRecord, P
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STATE_DIR = Path("/run/gpu-hotmount")  # tmpfs: as long-lived as the kernel state
+DEFAULT_STATE_DIR = Path("/run/gpu-hotmount/state")  # tmpfs: as long-lived as the kernel state
 
 
 @dataclass(frozen=True)
