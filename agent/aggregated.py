@@ -19,9 +19,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.auth import Identity
 from agent.deps import Authz, Caller, Gate, Service
 from agent.errors import BadRequest, NotOnThisNode
-from agent.gateway import LOCAL_ONLY
+from agent.gateway import LOCAL_ONLY, Gateway
 from agent.routes.forwarding import local_or_forward
 from agent.routes.pods import Namespace, PodName
 from agent.schemas import MountRequest, ReassignRequest
@@ -68,6 +69,17 @@ def _object(
         obj["spec"] = spec
     obj["status"] = status.model_dump(mode="json", by_alias=True)
     return obj
+
+
+def _other_nodes(request: Request, caller: Identity, gateway: Gateway | None) -> list[Any]:
+    """The same list from every other agent, unless this request is one of those asks."""
+    if gateway is None or request.headers.get(LOCAL_ONLY):
+        return []
+    items: list[Any] = []
+    for answer in gateway.fan_out(caller, request.url.path):
+        if answer.status_code == 200:
+            items += answer.json().get("items", [])
+    return items
 
 
 def _list(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -158,11 +170,7 @@ def list_gpumounts(
     items = [
         _object("GPUMount", p.pod or "", p, namespace) for p in service.namespace_mounts(namespace)
     ]
-    if gateway is not None and not request.headers.get(LOCAL_ONLY):
-        for answer in gateway.fan_out(caller, request.url.path):
-            if answer.status_code == 200:
-                items += answer.json().get("items", [])
-    return _list("GPUMount", items)
+    return _list("GPUMount", items + _other_nodes(request, caller, gateway))
 
 
 @router.get(f"/{VERSION}/namespaces/{{namespace}}/gpumounts/{{pod}}")
@@ -215,11 +223,7 @@ def list_node_devices(
     authz.require(caller, "list")
     local = service.devices()
     items = [_object("NodeDevices", local.node or "", local)]
-    if gateway is not None and not request.headers.get(LOCAL_ONLY):
-        for answer in gateway.fan_out(caller, request.url.path):
-            if answer.status_code == 200:
-                items += answer.json().get("items", [])
-    return _list("NodeDevices", items)
+    return _list("NodeDevices", items + _other_nodes(request, caller, gateway))
 
 
 @router.get(f"/{VERSION}/nodedevices/{{node}}")

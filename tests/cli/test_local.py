@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import Run
+from tests.support.fixtures import STAND_IN_SPEC
 from tests.support.runc import RuncContainer, make_rootfs, missing_requirements
 
 WHY_NOT = missing_requirements()
@@ -22,26 +23,7 @@ pytestmark = [
 ]
 Nvcli = Callable[..., Run]
 
-SPEC = """\
-cdiVersion: 0.6.0
-kind: nvidia.com/gpu
-devices:
-  - name: "0"
-    containerEdits:
-      deviceNodes:
-        - {path: /dev/nvidia0, type: c, major: 195, minor: 0}
-  - name: "1"
-    containerEdits:
-      deviceNodes:
-        - {path: /dev/nvidia1, type: c, major: 10, minor: 229}
-  - name: disk
-    containerEdits:
-      deviceNodes:
-        - {path: /dev/nvidia-disk, type: b, major: 7, minor: 0}
-containerEdits:
-  deviceNodes:
-    - {path: /dev/nvidiactl, type: c, major: 195, minor: 255}
-"""
+SPEC = STAND_IN_SPEC
 GPU1 = "nvidia.com/gpu=1"
 
 
