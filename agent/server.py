@@ -44,6 +44,16 @@ class PeerCertProtocol(H11Protocol):
         cert = ssl_object.getpeercert() if ssl_object is not None else None
         self.app = _Marked(self.app, "tcp", cert or None)
 
+    def shutdown(self) -> None:
+        """An idle TLS keep-alive connection is dropped at once on shutdown: closing it
+        gracefully waits for the peer's close_notify, which an idle pooled client (the API
+        server's front proxy, another agent's gateway) never sends, so SIGTERM would hang
+        until asyncio's 30 s TLS shutdown timeout, past the kubelet's grace period."""
+        idle = self.cycle is None or self.cycle.response_complete
+        super().shutdown()
+        if idle and self.transport.get_extra_info("ssl_object") is not None:
+            self.transport.abort()
+
 
 class UnixProtocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

@@ -8,13 +8,18 @@ gpumounts in `default`), bob (no rights); the agents' own ServiceAccount token.
 
 from __future__ import annotations
 
+import itertools
+import ssl
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.fakes.kube_apiserver import AccessRule, FakeKubeApiServer
+from tests.fakes.kube_apiserver import AccessRule, FakeKubeApiServer, FrontProxy
+from tests.fakes.pki import CertificateAuthority, CertPaths
 from tests.fakes.podresources_server import FakePodResourcesServer
 from tests.support.agent import (
     AGENT_USER,
@@ -30,9 +35,32 @@ from tests.support.runc import RuncContainer
 AGENT_TOKEN, ALICE, BOB = "agent-token", "alice-token", "bob-token"
 
 
+@dataclass(frozen=True)
+class AggregatedAgent:
+    """A TLS agent behind the fake API server's front proxy (an APIService's backend).
+
+    `serving.ca` verifies the agent's serving certificate; `front_proxy` is the API
+    server's front-proxy client certificate (CN front-proxy-client), issued by
+    `requestheader_ca`, the CA the agent read from extension-apiserver-authentication.
+    """
+
+    agent: AgentProcess
+    serving: CertPaths
+    front_proxy: CertPaths
+    requestheader_ca: CertificateAuthority
+
+    def client(self, cert: CertPaths | None = None, **kwargs: Any) -> httpx.Client:
+        """Straight to the agent over TLS, presenting `cert` (default: none)."""
+        context = ssl.create_default_context(cafile=str(self.serving.ca))
+        if cert is not None:
+            context.load_cert_chain(str(cert.cert), str(cert.key))
+        return httpx.Client(base_url=self.agent.url, verify=context, timeout=60, **kwargs)
+
+
 class Cluster:
     def __init__(self, workdir: Path, rootfs: Path, cdi_dir: Path) -> None:
         self.workdir, self.rootfs, self.cdi_dir = workdir, rootfs, cdi_dir
+        self._pki_count = itertools.count()
         self.kubelets = {node: FakePodResourcesServer().start() for node in ("node-a", "node-b")}
         self.kube = FakeKubeApiServer(
             nodes={"node-a": [g.uuid for g in GPUS], "node-b": []},
@@ -74,10 +102,21 @@ class Cluster:
         return container
 
     def agent(
-        self, node: str = "node-a", state: str | None = None, extra: list[str] | None = None
+        self,
+        node: str = "node-a",
+        state: str | None = None,
+        extra: list[str] | None = None,
+        *,
+        port: int | None = None,
+        tls: CertPaths | None = None,
     ) -> AgentProcess:
-        port = free_port()
+        """Start an agent for `node`. `port`: when the caller must know it beforehand
+        (a front proxy configured before the agent starts); `tls`: serve HTTPS with
+        this certificate (and forward to other agents over HTTPS)."""
+        port = port or free_port()
         state_dir = self.workdir / (state or f"state-{node}")
+        scheme = "https" if tls is not None else "http"
+        tls_args = ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)] if tls else []
         args = [
             "--listen",
             f"127.0.0.1:{port}",
@@ -99,15 +138,45 @@ class Cluster:
             "--stop-grace",
             "1",
             "--agent-scheme",
-            "http",
+            scheme,
+            *tls_args,
             "--authz-cache-ttl",
             "0",
             *(extra or []),
         ]
-        agent = AgentProcess(self.workdir, self.driver, args, port)
+        verify: ssl.SSLContext | bool = False
+        if tls is not None:
+            verify = ssl.create_default_context(cafile=str(tls.ca))
+        agent = AgentProcess(self.workdir, self.driver, args, port, scheme, verify)
         self.agents.append(agent)
         self.kube.put_pod(agent_pod_manifest(node, port))
         return agent
+
+    def aggregated_agent(
+        self, node: str = "node-a", extra: list[str] | None = None
+    ) -> AggregatedAgent:
+        """A TLS agent registered as the API server's `hotmount.io` backend.
+
+        The front proxy is configured before the agent starts: the agent reads the
+        request-header CA from kube-system/extension-apiserver-authentication at startup.
+        """
+        pki = self.workdir / f"pki-{next(self._pki_count)}"
+        serving = CertificateAuthority(pki / "serving", "agent-serving-ca").issue_server("agent")
+        requestheader_ca = CertificateAuthority(pki / "requestheader", "requestheader-ca")
+        front_proxy = requestheader_ca.issue_client("front-proxy-client")
+        port = free_port()
+        self.kube.configure_front_proxy(
+            FrontProxy(
+                backend_url=f"https://127.0.0.1:{port}", client=front_proxy, backend_ca=serving.ca
+            )
+        )
+        agent = self.agent(node, extra=extra, port=port, tls=serving)
+        return AggregatedAgent(agent, serving, front_proxy, requestheader_ca)
+
+    def api(self, token: str | None = None) -> httpx.Client:
+        """A client of the (fake) API server, with `token` as its bearer credential."""
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.kube.url, headers=headers, timeout=60)
 
     def events(self, reason: str) -> list[dict[str, Any]]:
         return [e for e in self.kube.events() if e.get("reason") == reason]

@@ -124,6 +124,33 @@ class AgentProcess:
                 self.process.wait()
 
 
+def standalone_agent(
+    workdir: Path,
+    driver_tree: Path,
+    cdi_dir: Path,
+    extra: list[str] | None = None,
+    state_dir: Path | None = None,
+) -> AgentProcess:
+    """`hotmount-agent --no-kubernetes` on a free TCP port (add listeners, tokens in `extra`)."""
+    port = free_port()
+    args = [
+        "--no-kubernetes",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--cdi-dir",
+        str(cdi_dir),
+        "--state-dir",
+        str(state_dir or workdir / "state-standalone"),
+        "--no-use-nvml",
+        "--reconcile-interval",
+        "1",
+        "--stop-grace",
+        "1",
+        *(extra or []),
+    ]
+    return AgentProcess(workdir, driver_tree, args, port)
+
+
 def pod_manifest(
     name: str,
     container: RuncContainer | None,
