@@ -173,17 +173,18 @@ class ContainerResolver:
 
     def _scan_proc(self, container_id: str) -> int | None:
         """Fallback for layouts the walk does not reach: one pass over /proc."""
-        for entry in os.scandir(self.host.proc):
-            if not entry.name.isdigit():
-                continue
-            try:
-                text = Path(entry.path, "cgroup").read_text()
-            except OSError:
-                continue
-            paths = parse_proc_cgroup(text)
-            for path in (paths.v2, paths.v1_devices):
-                if path and container_id_from_path(path) == container_id:
-                    return int(entry.name)
+        with os.scandir(self.host.proc) as entries:
+            for entry in entries:
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    text = Path(entry.path, "cgroup").read_text()
+                except OSError:
+                    continue
+                paths = parse_proc_cgroup(text)
+                for path in (paths.v2, paths.v1_devices):
+                    if path and container_id_from_path(path) == container_id:
+                        return int(entry.name)
         return None
 
     def _from_pid(self, pid: int, expected_id: str | None) -> Container:
