@@ -11,6 +11,7 @@ root callers (the unix socket) act on their own node only.
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Any
 
 import httpx
@@ -28,7 +29,9 @@ class Gateway:
     def __init__(self, settings: AgentSettings, kube: KubeClient) -> None:
         self.settings = settings
         self.kube = kube
-        verify: Any = str(settings.agent_ca) if settings.agent_ca else True
+        verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=str(settings.agent_ca)) if settings.agent_ca else True
+        )
         self._http = httpx.Client(verify=verify, timeout=settings.holder_timeout + 30)
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ from agent.gateway import Gateway
 from agent.kube.client import KubeClient
 from agent.metrics import Metrics
 from agent.podresources import PodResourcesClient
-from agent.routes import containers, health, pods
+from agent.routes import containers, devices, health, pods
 from agent.schemas import Status
 from agent.service import NodeService
 from hotmount.engine import Engine, EngineConfig
@@ -96,8 +96,9 @@ def create_app(
     app.state.authorizer = Authorizer(kube, settings.authz_cache_ttl)
     app.state.gateway = gateway
     app.include_router(health.router)
-    app.include_router(pods.router)
+    app.include_router(devices.router)
     if settings.kubernetes:
+        app.include_router(pods.router)
         app.include_router(aggregated.router)
     else:
         app.include_router(containers.router)

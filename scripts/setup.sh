@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-SYSTEM_PACKAGES=(runc busybox-static util-linux bpftool python3-venv)
+SYSTEM_PACKAGES=(runc containerd busybox-static util-linux bpftool python3-venv)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   for pkg in "${SYSTEM_PACKAGES[@]}"; do

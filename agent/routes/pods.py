@@ -1,4 +1,4 @@
-"""/v1: the node's devices, a pod's devices, mount, unmount and reassign."""
+"""/v1 with Kubernetes: a pod's devices, mount, unmount and reassign."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from fastapi import APIRouter, Body, Path, Query, Request
 from agent.deps import Authz, Caller, Gate, Service
 from agent.routes.forwarding import local_or_forward
 from agent.schemas import (
-    DeviceList,
     MountRequest,
     MountResult,
     PodDevices,
@@ -26,12 +25,6 @@ DevicePath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_./:=-]*$", max
 ContainerQuery = Annotated[
     str | None, Query(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
 ]
-
-
-@router.get("/devices")
-def node_devices(caller: Caller, authz: Authz, service: Service) -> DeviceList:
-    authz.require(caller, "list")
-    return service.devices()
 
 
 @router.get("/namespaces/{namespace}/pods/{pod}/devices")

@@ -191,6 +191,7 @@ def test_fuzz_the_standalone_agent(standalone: Standalone) -> None:
         "DELETE /v1/containers/{container_id}/devices/{device}",
         "GET /v1/containers/{container_id}/devices",
     } <= labels, labels
+    assert not any("/pods/" in label or "reassign" in label for label in labels), labels
     for operation in operations:
         for mode in EXAMPLES:
             fuzz(operation, mode, agent, tracker)
@@ -213,7 +214,7 @@ def test_fuzz_the_standalone_agent(standalone: Standalone) -> None:
     )
 
     assert not tracker.failures, "\n\n".join(tracker.failures[:10])
-    assert tracker.calls > 500
+    assert tracker.calls > 300  # the fuzzer really ran: 7 operations, 75 cases each
 
     # The container holds exactly what the 2xx answers said, nothing a refusal left behind.
     with httpx.Client(base_url=agent.url, timeout=60) as api:

@@ -1,0 +1,16 @@
+"""/v1/devices: the node's inventory and who holds each device (both modes)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from agent.deps import Authz, Caller, Service
+from agent.schemas import DeviceList
+
+router = APIRouter(prefix="/v1", tags=["devices"])
+
+
+@router.get("/devices")
+def node_devices(caller: Caller, authz: Authz, service: Service) -> DeviceList:
+    authz.require(caller, "list")
+    return service.devices()
