@@ -25,6 +25,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
+from hotmount.devices.model import Device
+
 DeviceRef = Annotated[
     str,
     StringConstraints(min_length=1, max_length=160, pattern=r"^[A-Za-z0-9][A-Za-z0-9_./:=-]*$"),
@@ -82,6 +84,21 @@ class DeviceInfo(Model):
     parent: str | None = None
     nodes: list[str]
     holder: DeviceHolder | None = None
+
+    @classmethod
+    def of(cls, device: Device, holder: DeviceHolder | None) -> DeviceInfo:
+        """An inventory device as the wire shows it (the agent and `nvcli --local` alike)."""
+        return cls(
+            key=device.key,
+            kind=str(device.kind),
+            index=device.index,
+            uuid=device.uuid,
+            pci_bus_id=device.pci_bus_id,
+            minor=device.minor,
+            parent=device.parent,
+            nodes=[n.path for n in device.nodes],
+            holder=holder,
+        )
 
 
 class DeviceList(Model):

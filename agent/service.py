@@ -91,19 +91,7 @@ class NodeService:
                     pod=a.pod_name,
                     container=a.container_name,
                 )
-            infos.append(
-                DeviceInfo(
-                    key=device.key,
-                    kind=str(device.kind),
-                    index=device.index,
-                    uuid=device.uuid,
-                    pci_bus_id=device.pci_bus_id,
-                    minor=device.minor,
-                    parent=device.parent,
-                    nodes=[n.path for n in device.nodes],
-                    holder=holder,
-                )
-            )
+            infos.append(DeviceInfo.of(device, holder))
         return DeviceList(node=self.settings.node_name, devices=infos)
 
     def _hot_holders(self) -> dict[str, DeviceHolder]:

@@ -484,16 +484,9 @@ class LocalEngine:
     def list_devices(self) -> list[DeviceList]:
         holders = self._call(self.engine.holders)
         devices = [
-            DeviceInfo(
-                key=d.key,
-                kind=str(d.kind),
-                index=d.index,
-                uuid=d.uuid,
-                pci_bus_id=d.pci_bus_id,
-                minor=d.minor,
-                parent=d.parent,
-                nodes=[n.path for n in d.nodes],
-                holder=DeviceHolder(source="hotmount", container_id=holders[d.key])
+            DeviceInfo.of(
+                d,
+                DeviceHolder(source="hotmount", container_id=holders[d.key])
                 if d.key in holders
                 else None,
             )
