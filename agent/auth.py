@@ -187,7 +187,8 @@ class Authorizer:
         if self.kube is None:
             raise Forbidden("no authorizer is configured")
         user = identity.user
-        key = (user.username, tuple(user.groups), verb, namespace, name)
+        extra = tuple(sorted((k, tuple(v)) for k, v in user.extra.items()))
+        key = (user.username, tuple(user.groups), user.uid, extra, verb, namespace, name)
         decision = self._decisions.get(key)
         if decision is None:
             decision = self.kube.subject_access_review(

@@ -23,6 +23,7 @@ from agent.kube.client import KubeClient, PodInfo
 
 log = logging.getLogger(__name__)
 LOCAL_ONLY = "x-hotmount-local"
+NODE_LOCAL = ("unix", "anonymous", "static-token")  # identities never asserted to other agents
 
 
 class Gateway:
@@ -50,7 +51,7 @@ class Gateway:
             raise NotOnThisNode(
                 f"the pod is on node {node}, and this request was forwarded already", node
             )
-        if caller.via in ("unix", "anonymous", "static-token"):
+        if caller.via in NODE_LOCAL:
             raise Forbidden(
                 f"the pod is on node {node}; {caller.via} callers act on their own node only"
             )
@@ -67,8 +68,8 @@ class Gateway:
 
     def fan_out(self, caller: Identity, path: str) -> list[httpx.Response]:
         """GET `path` from every other agent, each answering for its own node only."""
-        if caller.via == "gateway":
-            return []
+        if caller.via in ("gateway", *NODE_LOCAL):
+            return []  # node-local callers (root on the unix socket) see their own node only
         answers = []
         for agent in self.kube.agent_pods(
             self.settings.agent_namespace, self.settings.agent_selector

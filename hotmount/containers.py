@@ -151,13 +151,20 @@ class ContainerResolver:
         if ref.pid is not None:
             return self._from_pid(ref.pid, expected_id=None)
         assert ref.container_id is not None
-        pid = self._pid_of(ref.container_id)
-        return self._from_pid(pid, expected_id=ref.container_id)
+        *others, last = self._pids_of(ref.container_id)
+        # Any one of the container's processes leads to it, but one may exit while it is
+        # read (an exec probe, `kubectl exec`): that is no reason to call the container gone.
+        for pid in others:
+            try:
+                return self._from_pid(pid, expected_id=ref.container_id)
+            except ContainerNotFound:
+                continue
+        return self._from_pid(last, expected_id=ref.container_id)
 
-    def _pid_of(self, container_id: str) -> int:
+    def _pids_of(self, container_id: str) -> list[int]:
         cached = self._where.get(container_id)
         if cached is not None and (pids := _pids_or_none(cached)):
-            return pids[0]
+            return pids
         self._where.pop(container_id, None)
         for root in (self.layout.v1_devices_root, self.layout.v2_root):
             if root is None:
@@ -165,11 +172,11 @@ class ContainerResolver:
             found = find_cgroup_dir(root, container_id)
             if found is not None and (pids := _pids_or_none(found)):
                 self._where[container_id] = found
-                return pids[0]
+                return pids
         pid = self._scan_proc(container_id)
         if pid is None:
             raise ContainerNotFound(f"container {container_id} is not running on this node")
-        return pid
+        return [pid]
 
     def _scan_proc(self, container_id: str) -> int | None:
         """Fallback for layouts the walk does not reach: one pass over /proc."""

@@ -475,10 +475,13 @@ class Engine:
                 except HotmountError as exc:
                     report.errors[record.key] = exc.message
                     log.warning("reconcile %s: %s", record.key, exc.message)
-        live_keys = {r.key for r in self.ledger.records()}
+        # A mount writes its record before its claim: so a claim read first, then no
+        # record, is stale (a record list taken before the claims would miss a mount
+        # that landed in between, and free the device it had just claimed).
         for device, owner in self.ledger.claims().items():
-            if owner not in live_keys:
-                self.ledger.release(device, owner)
+            with self.ledger.lock(owner):
+                if self.ledger.load(owner) is None:
+                    self.ledger.release(device, owner)
         return report
 
     def _reconcile_one(self, record: ContainerRecord, report: ReconcileReport) -> None:
@@ -593,6 +596,11 @@ class _Liveness:
             raise ContainerNotFound(f"container {self.container.key} has exited") from exc
         self.start_time = _start_time(self.host, self.container.init_pid)
         self.check()
+        if self.container.init_pid not in self.container.pids():
+            # Resolved a moment ago, gone since, its PID now someone else's: the pidfd
+            # holds whatever process has that PID, so prove it is still the container's.
+            os.close(self.fd)
+            raise ContainerNotFound(f"container {self.container.key} has exited")
         return self
 
     def check(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from hotmount.devices.model import DeviceNode
 from hotmount.devnodes import NodeState, Openat2Fs, SetnsFs
 from hotmount.engine import Engine, EngineConfig
-from hotmount.errors import UnsafePath
+from hotmount.errors import ContainerNotFound, UnsafePath
 from tests.kernel.conftest import GPU0
 from tests.support.runc import RuncContainer
 
@@ -96,3 +97,21 @@ def test_nodes_get_their_exact_mode_despite_the_umask(
     assert (
         container.exec("stat", "-c", "%a", "/dev/nvidia-caps/nvidia-cap1").stdout.strip() == "444"
     )
+
+
+def test_a_reused_init_pid_is_not_taken_for_the_container(
+    engine: Engine, container: RuncContainer, make_container
+) -> None:
+    """The init PID resolved a moment ago now names another container's process (the
+    container exited and its PID was reused): nothing is granted or made anywhere."""
+    other = make_container(container.mode)
+    resolved = engine.resolve(container.id)
+    reused = dataclasses.replace(resolved, init_pid=other.pid)
+
+    with pytest.raises(ContainerNotFound):
+        engine.mount(reused, [GPU0])
+
+    assert "nvidia0" not in other.ls_dev() and "nvidia0" not in container.ls_dev()
+    assert engine.ledger.records() == []
+    if container.mode == "v1":
+        assert "195:0" not in (container.v1_devices_dir / "devices.list").read_text()

@@ -1,0 +1,77 @@
+"""Authorizer cache keys and the gateway's fan-out, without a cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.auth import Authorizer, Identity
+from agent.config import AgentSettings
+from agent.errors import Forbidden
+from agent.gateway import Gateway
+from agent.kube.client import PodInfo, UserInfo
+
+
+class FakeReviews:
+    """Allows a user only when its extra carries scope `full`, and only for uid `u1`."""
+
+    def __init__(self) -> None:
+        self.asked: list[UserInfo] = []
+
+    def subject_access_review(self, user: UserInfo, *args: Any, **kwargs: Any) -> tuple[bool, str]:
+        self.asked.append(user)
+        allowed = user.extra.get("scopes") == ["full"] and user.uid in ("", "u1")
+        return allowed, "" if allowed else "scoped"
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (UserInfo("alice", ["ml"], "", {"scopes": ["full"]}), UserInfo("alice", ["ml"], "", {})),
+        (
+            UserInfo("alice", ["ml"], "", {"scopes": ["full"]}),
+            UserInfo("alice", ["ml"], "", {"scopes": ["read-only"]}),
+        ),
+        (
+            UserInfo("alice", ["ml"], "u1", {"scopes": ["full"]}),
+            UserInfo("alice", ["ml"], "u2", {"scopes": ["full"]}),
+        ),
+    ],
+    ids=["extra-absent", "extra-differs", "uid-differs"],
+)
+def test_a_cached_decision_is_never_reused_for_another_uid_or_extra(
+    first: UserInfo, second: UserInfo
+) -> None:
+    reviews = FakeReviews()
+    authorizer = Authorizer(reviews, ttl=60)  # type: ignore[arg-type]
+    authorizer.require(Identity(first, "front-proxy"), "create", "default", "nb")
+    with pytest.raises(Forbidden):
+        authorizer.require(Identity(second, "front-proxy"), "create", "default", "nb")
+    assert reviews.asked == [first, second]
+    # the same user again is served from the cache
+    authorizer.require(Identity(first, "front-proxy"), "create", "default", "nb")
+    assert len(reviews.asked) == 2
+
+
+class FakeAgents:
+    def agent_pods(self, namespace: str, selector: str) -> list[PodInfo]:
+        agent = PodInfo("gpu-hotmount", "agent-b", "u", "node-b", "Running", [], pod_ip="10.0.0.2")
+        return [agent]
+
+    def token(self) -> str:
+        return "agent-token"
+
+
+@pytest.mark.parametrize("via", ["unix", "anonymous", "static-token"])
+def test_fan_out_never_carries_a_node_local_identity_to_other_nodes(via: str) -> None:
+    settings = AgentSettings(node_name="node-a")
+    gateway = Gateway(settings, FakeAgents())  # type: ignore[arg-type]
+    sent: list[Any] = []
+    gateway._send = lambda *args, **kwargs: sent.append(args)  # type: ignore[method-assign]
+    root = Identity(UserInfo("system:node-local:root", ["system:masters"]), via, True)
+    try:
+        assert gateway.fan_out(root, "/apis/hotmount.io/v1alpha1/nodedevices") == []
+    finally:
+        gateway.close()
+    assert sent == []
