@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from agent.config import AgentSettings
 from agent.errors import Forbidden, Unauthorized
@@ -142,8 +143,9 @@ class Authenticator:
         if not user:
             raise Unauthorized("the front proxy sent no X-Remote-User")
         groups = list(caller.headers.get(REMOTE_GROUP, []))
+        # Kubernetes percent-encodes extra keys in header names (`a.io%2fpod-name`).
         extra = {
-            name[len(REMOTE_EXTRA) :]: list(values)
+            unquote(name[len(REMOTE_EXTRA) :]): list(values)
             for name, values in caller.headers.items()
             if name.startswith(REMOTE_EXTRA)
         }

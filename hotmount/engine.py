@@ -594,13 +594,16 @@ class _Liveness:
             self.fd = os.pidfd_open(self.container.init_pid)
         except ProcessLookupError as exc:
             raise ContainerNotFound(f"container {self.container.key} has exited") from exc
-        self.start_time = _start_time(self.host, self.container.init_pid)
-        self.check()
-        if self.container.init_pid not in self.container.pids():
-            # Resolved a moment ago, gone since, its PID now someone else's: the pidfd
-            # holds whatever process has that PID, so prove it is still the container's.
+        try:
+            self.start_time = _start_time(self.host, self.container.init_pid)
+            self.check()
+            if self.container.init_pid not in self.container.pids():
+                # Resolved a moment ago, gone since, its PID now someone else's: the pidfd
+                # holds whatever process has that PID, so prove it is still the container's.
+                raise ContainerNotFound(f"container {self.container.key} has exited")
+        except BaseException:
             os.close(self.fd)
-            raise ContainerNotFound(f"container {self.container.key} has exited")
+            raise
         return self
 
     def check(self) -> None:

@@ -8,6 +8,7 @@ nodes come with the first GPU and go with the last).
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -51,7 +52,8 @@ class DeviceNode:
     permissions: str = "rw"
 
     def __post_init__(self) -> None:
-        if not self.path.startswith("/dev/") or "/../" in self.path or self.path.endswith("/.."):
+        # Normalised, so one node has one spelling (shared-node bookkeeping is by path).
+        if not self.path.startswith("/dev/") or posixpath.normpath(self.path) != self.path:
             raise ValueError(f"device node path {self.path!r} must be a plain path under /dev/")
         if not (0 <= self.major < 4096 and 0 <= self.minor < 1 << 20):
             raise ValueError(f"device number {self.major}:{self.minor} is out of range")

@@ -75,3 +75,24 @@ def test_fan_out_never_carries_a_node_local_identity_to_other_nodes(via: str) ->
     finally:
         gateway.close()
     assert sent == []
+
+
+def test_front_proxy_extra_keys_are_percent_decoded_as_kubernetes_sends_them() -> None:
+    from agent.auth import Authenticator, CallerContext, FrontProxyTrust
+
+    authenticator = Authenticator(AgentSettings(), None, FrontProxyTrust(frozenset()))
+    caller = CallerContext(
+        headers={
+            "x-remote-user": ["alice"],
+            "x-remote-group": ["ml", "system:authenticated"],
+            "x-remote-extra-authentication.kubernetes.io%2fpod-name": ["nb-0"],
+        },
+        listener="tcp",
+        peer_cert={"subject": ((("commonName", "front-proxy-client"),),)},
+    )
+
+    identity = authenticator.authenticate(caller)
+
+    assert identity.via == "front-proxy"
+    assert identity.user.groups == ["ml", "system:authenticated"]
+    assert identity.user.extra == {"authentication.kubernetes.io/pod-name": ["nb-0"]}

@@ -453,3 +453,19 @@ def test_parse_spec_bad_spec_level_node_fails_the_whole_spec() -> None:
     spec["containerEdits"] = {"deviceNodes": [{"path": "/dev/sdc"}]}
     with pytest.raises(cdi.CdiError, match=r"spec-level.*block"):
         cdi.parse_spec(spec, fake_host_nodes)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/dev/./nvidia0",
+        "/dev//nvidia0",
+        "/dev/x/../nvidia0",
+        "/dev/nvidia0/",
+        "/etc/passwd",
+        "dev/x",
+    ],
+)
+def test_device_node_paths_must_be_plain_and_normalised(path: str) -> None:
+    with pytest.raises(ValueError, match="plain path under /dev/"):
+        DeviceNode(path, 195, 0)
