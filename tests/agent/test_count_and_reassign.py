@@ -10,6 +10,11 @@ from tests.support.agent import GPUS
 
 pytestmark = pytest.mark.kernel
 GPU0 = GPUS[0]
+MOVE_GPU0_FROM_A_TO_B = {
+    "device": "0",
+    "from": {"namespace": "default", "pod": "a"},
+    "to": {"namespace": "default", "pod": "b"},
+}
 
 
 def test_mount_by_count_keeps_the_schedulers_books(cluster: Cluster) -> None:
@@ -74,11 +79,7 @@ def test_reassign_moves_the_device(cluster: Cluster) -> None:
 
         moved = api.post(
             "/v1/reassign",
-            json={
-                "device": "0",
-                "from": {"namespace": "default", "pod": "a"},
-                "to": {"namespace": "default", "pod": "b"},
-            },
+            json=MOVE_GPU0_FROM_A_TO_B,
         )
 
         assert moved.status_code == 200, moved.text
@@ -103,11 +104,7 @@ def test_reassign_rolls_back_when_the_target_fails(cluster: Cluster) -> None:
 
         failed = api.post(
             "/v1/reassign",
-            json={
-                "device": "0",
-                "from": {"namespace": "default", "pod": "a"},
-                "to": {"namespace": "default", "pod": "b"},
-            },
+            json=MOVE_GPU0_FROM_A_TO_B,
         )
 
         assert failed.status_code == 409, failed.text
@@ -126,10 +123,6 @@ def test_reassign_of_a_device_the_source_does_not_have_is_409(cluster: Cluster) 
     with agent.client(ALICE) as api:
         refused = api.post(
             "/v1/reassign",
-            json={
-                "device": "0",
-                "from": {"namespace": "default", "pod": "a"},
-                "to": {"namespace": "default", "pod": "b"},
-            },
+            json=MOVE_GPU0_FROM_A_TO_B,
         )
     assert (refused.status_code, refused.json()["reason"]) == (409, "NotMounted")
