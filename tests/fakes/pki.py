@@ -13,6 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -60,30 +61,8 @@ class CertificateAuthority:
         self.name = name
         self._key = _new_key()
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        now = datetime.datetime.now(datetime.UTC)
         self.certificate = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            _base(subject, subject, self._key.public_key(), ca=True)
             .add_extension(
                 x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False
             )
@@ -133,30 +112,8 @@ class CertificateAuthority:
         sans: list[x509.GeneralName],
     ) -> CertPaths:
         key = _new_key()
-        now = datetime.datetime.now(datetime.UTC)
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(self.certificate.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            _base(subject, self.certificate.subject, key.public_key(), ca=False)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
@@ -174,3 +131,34 @@ class CertificateAuthority:
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(key_path, key)
         return CertPaths(cert=cert_path, key=key_path, ca=self.cert_path)
+
+
+def _base(
+    subject: x509.Name, issuer: x509.Name, public_key: Any, *, ca: bool
+) -> x509.CertificateBuilder:
+    """What every certificate here shares; `ca` decides whether it may sign others."""
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=ca,
+                crl_sign=ca,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
