@@ -70,7 +70,36 @@ class AgentSettings(BaseSettings):
     holder_image: str = Field(default="registry.k8s.io/pause:3.9")
     holder_priority_class: str | None = Field(default=None)
     holder_timeout: float = Field(default=60.0, gt=0, description="seconds to wait for a holder")
+    holder_orphan_grace: float = Field(
+        default=120.0,
+        ge=0,
+        description="seconds a holder pod must look orphaned before reconcile deletes it",
+    )
     authz_cache_ttl: float = Field(default=10.0, ge=0, description="seconds a decision is cached")
+    token_failure_ttl: float = Field(
+        default=5.0,
+        ge=0,
+        description="seconds a refused bearer token stays refused without another TokenReview",
+    )
+    kube_timeout: float = Field(
+        default=10.0, gt=0, description="seconds to wait for any one Kubernetes API call"
+    )
+    agent_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds to wait for another agent's answer (default: holder timeout + 30)",
+    )
+    max_body_bytes: int = Field(
+        default=65536, ge=1024, description="largest request body; larger ones get 413"
+    )
+    max_mutating: int = Field(
+        default=8, ge=1, description="mounts, unmounts and moves served at once; more get 429"
+    )
+    max_requests: int = Field(
+        default=32,
+        ge=1,
+        description="API calls served at once (health and metrics apart); more get 429",
+    )
 
     agent_namespace: str = Field(
         default="gpu-hotmount",
@@ -105,6 +134,20 @@ class AgentSettings(BaseSettings):
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"{value}: expected HOST:PORT or unix:PATH")
         return values
+
+    @field_validator("token_file")
+    @classmethod
+    def _token_file(cls, value: Path | None) -> Path | None:
+        """An empty token file would make the empty token the password: refuse it."""
+        if value is None:
+            return value
+        try:
+            token = value.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"{value}: {exc.strerror}") from exc
+        if not token:
+            raise ValueError(f"{value} is empty: it must hold the bearer token callers present")
+        return value
 
     @property
     def agent_server_name(self) -> str:

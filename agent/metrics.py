@@ -32,6 +32,11 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.orphan_holders = Counter(
+            "hotmount_orphan_holders_deleted_total",
+            "Holder pods reconcile deleted because no live mount accounted for them",
+            registry=self.registry,
+        )
         self.reconciles = Counter(
             "hotmount_reconciles_total",
             "Reconcile passes by result",

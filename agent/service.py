@@ -53,10 +53,18 @@ log = logging.getLogger(__name__)
 
 HOLDER_PREFIX = "hotmount-holder-"
 HOLDER_LABEL = "hotmount.io/holder-for"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-hotmount")
+HOLDER_SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{HOLDER_LABEL}"
 
 
 class NotMounted(ApiError):
     code, reason = 409, "NotMounted"
+
+
+class MountedByCount(ApiError):
+    """A count-mounted GPU is accounted for by a holder pod that cannot follow it."""
+
+    code, reason = 409, "MountedByCount"
 
 
 class NodeService:
@@ -75,6 +83,11 @@ class NodeService:
         self.metrics = metrics
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
+        # Holder pods of mounts in progress: reconcile never takes them for orphans.
+        self._holders_in_flight: set[tuple[str, str]] = set()
+        self._in_flight_guard = threading.Lock()
+        # When reconcile first saw each orphan-looking holder (monotonic, no clock skew).
+        self._orphans_seen: dict[tuple[str, str], float] = {}
 
     # -- inventory
     def devices(self) -> DeviceList:
@@ -209,21 +222,33 @@ class NodeService:
     ) -> MountResult:
         kube = self._kube()
         name = f"{HOLDER_PREFIX}{target.name[:40]}-{secrets.token_hex(3)}"
-        kube.create_pod(target.namespace, self._holder_manifest(target, name, count))
+        in_flight = (target.namespace, name)
+        with self._in_flight_guard:
+            self._holders_in_flight.add(in_flight)
         try:
-            self._wait_running(target.namespace, name)
-            keys = self._holder_devices(target.namespace, name)
-            if len(keys) != count:
-                raise UpstreamError(
-                    f"holder pod {name} got {len(keys)} devices from the kubelet, not {count}"
+            kube.create_pod(target.namespace, self._holder_manifest(target, name, count))
+            try:
+                self._wait_running(target.namespace, name)
+                keys = self._holder_devices(target.namespace, name)
+                if len(keys) != count:
+                    raise UpstreamError(
+                        f"holder pod {name} got {len(keys)} devices from the kubelet, not {count}"
+                    )
+                assert container.container_id is not None
+                done = self.engine.mount(
+                    container.container_id, keys, metadata={**meta, "holder": name}
                 )
-            assert container.container_id is not None
-            done = self.engine.mount(
-                container.container_id, keys, metadata={**meta, "holder": name}
-            )
-        except BaseException:
-            kube.delete_pod(target.namespace, name)
-            raise
+            except BaseException:
+                try:
+                    kube.delete_pod(target.namespace, name)
+                except ApiError as exc:  # reconcile collects it; the caller sees the cause
+                    log.warning("could not delete holder pod %s: %s", name, exc.message)
+                raise
+        finally:
+            # After the ledger holds the mount (or the holder is deleted): reconcile reads
+            # the holders, then this set, then the ledger, so it never sees a gap.
+            with self._in_flight_guard:
+                self._holders_in_flight.discard(in_flight)
         result = _mount_result(done, target, container)
         result.holder_pod = name
         return result
@@ -258,10 +283,7 @@ class NodeService:
             "metadata": {
                 "name": name,
                 "namespace": target.namespace,
-                "labels": {
-                    "app.kubernetes.io/managed-by": "gpu-hotmount",
-                    HOLDER_LABEL: target.name,
-                },
+                "labels": {MANAGED_BY[0]: MANAGED_BY[1], HOLDER_LABEL: target.name},
                 # Same namespace, not a controller: a cross-namespace owner would be
                 # treated as absent and the holder garbage-collected (GPUMounter's bug).
                 "ownerReferences": [
@@ -439,6 +461,16 @@ class NodeService:
                     f"{request.from_.namespace}/{request.from_.pod}"
                 )
             source_meta = dict(record.devices[device.key].metadata)
+            if source_meta.get("holder"):
+                raise MountedByCount(
+                    f"device {_device_label(device)} was mounted into "
+                    f"{request.from_.namespace}/{request.from_.pod} by count: the kubelet "
+                    f"counts it as holder pod {request.from_.namespace}/{source_meta['holder']}'s, "
+                    "and a holder cannot follow it (the kubelet cannot be asked for one "
+                    "particular GPU). Unmount it there, then mount by count into "
+                    f"{request.to.namespace}/{request.to.pod}",
+                    {"holderPod": source_meta["holder"]},
+                )
             unmounted = self.unmount_pod(
                 request.from_.namespace,
                 request.from_.pod,
@@ -550,7 +582,65 @@ class NodeService:
                 self.metrics.drift_repairs.labels(kind).inc(count)
         self.metrics.managed_containers.set(len(self.engine.ledger.records()))
         self.metrics.reconciles.labels("error" if report.errors else "ok").inc()
+        deleted = self.collect_orphan_holders()
+        if deleted:
+            self.metrics.orphan_holders.inc(len(deleted))
         return report
+
+    def collect_orphan_holders(self) -> list[str]:
+        """Delete this node's holder pods that no live mount accounts for.
+
+        A holder is kept while a ledger record (of a container the engine's reconcile
+        just found alive) names it for the pod its label names. Others are deleted once
+        they have looked orphaned for `holder_orphan_grace` seconds, so that a mount in
+        progress in another agent process (a rolling update) is never hit; this
+        process's own mounts in progress are skipped outright. Order matters: holders
+        are listed first, then the in-flight set is read, then the ledger, so a mount
+        that finishes in between is seen in the one or the other.
+        """
+        node = self.settings.node_name
+        if self.kube is None or not node:
+            return []
+        try:
+            listed = [h for h in self.kube.holder_pods(HOLDER_SELECTOR) if h.node == node]
+        except ApiError as exc:
+            log.warning("cannot list holder pods: %s", exc.message)
+            return []
+        with self._in_flight_guard:
+            in_flight = set(self._holders_in_flight)
+        accounted = {
+            (d.metadata.get("namespace"), d.metadata.get("pod"), d.metadata.get("holder"))
+            for record in self.engine.ledger.records()
+            for d in record.devices.values()
+            if d.metadata.get("holder")
+        }
+        now = time.monotonic()
+        seen: dict[tuple[str, str], float] = {}
+        deleted = []
+        for holder in listed:
+            key = (holder.namespace, holder.name)
+            target = holder.labels.get(HOLDER_LABEL)
+            if key in in_flight or (holder.namespace, target, holder.name) in accounted:
+                continue
+            first = self._orphans_seen.get(key, now)
+            if now - first < self.settings.holder_orphan_grace:
+                seen[key] = first
+                continue
+            try:
+                self.kube.delete_pod(holder.namespace, holder.name)
+            except ApiError as exc:
+                log.warning("cannot delete orphan holder %s/%s: %s", *key, exc.message)
+                seen[key] = first
+                continue
+            log.info(
+                "deleted holder pod %s/%s: no live container of pod %s holds its devices",
+                holder.namespace,
+                holder.name,
+                target,
+            )
+            deleted.append(f"{holder.namespace}/{holder.name}")
+        self._orphans_seen = seen
+        return deleted
 
     # -- helpers
     def _kube(self) -> KubeClient:

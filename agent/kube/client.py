@@ -50,6 +50,16 @@ class PodInfo:
 
 
 @dataclass(frozen=True)
+class HolderPod:
+    """A holder pod as reconcile sees it: where it is, whom it holds for, where it runs."""
+
+    namespace: str
+    name: str
+    labels: dict[str, str]
+    node: str | None  # spec.nodeName, or the hostname it is pinned to while Pending
+
+
+@dataclass(frozen=True)
 class UserInfo:
     username: str
     groups: list[str]
@@ -151,6 +161,22 @@ class KubeClient:
         except ApiException as exc:
             raise _upstream(exc, f"listing agents on {node}") from exc
         return [_pod_info(p) for p in pods.items]
+
+    def holder_pods(self, selector: str) -> list[HolderPod]:
+        """Pods matching `selector` in every namespace (holder pods are few)."""
+        try:
+            pods = self.core.list_pod_for_all_namespaces(label_selector=selector)
+        except ApiException as exc:
+            raise _upstream(exc, "listing holder pods") from exc
+        return [
+            HolderPod(
+                namespace=p.metadata.namespace,
+                name=p.metadata.name,
+                labels=p.metadata.labels or {},
+                node=p.spec.node_name or (p.spec.node_selector or {}).get("kubernetes.io/hostname"),
+            )
+            for p in pods.items
+        ]
 
     def agent_pods(self, namespace: str, selector: str) -> list[PodInfo]:
         try:
