@@ -13,13 +13,14 @@ import logging
 import os
 import select
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from hotmount import plan, usage
+from hotmount import claims, plan, usage
 from hotmount.cgroups.detect import CgroupLayout, detect
 from hotmount.cgroups.v1 import V1Devices, allows
 from hotmount.cgroups.v2 import V2Devices
+from hotmount.claims import Claim
 from hotmount.containers import Container, ContainerRef, ContainerResolver
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
 from hotmount.devices.model import Device, DeviceRule
@@ -148,9 +149,17 @@ class Engine:
     def resolve(self, ref: str | ContainerRef) -> Container:
         return self.resolver.resolve(ref)
 
-    def holders(self) -> dict[str, str]:
-        """Device key -> the container key it is hot-mounted into."""
-        return self.ledger.claims()
+    def holders(self) -> dict[str, list[Claim]]:
+        """Inventory key -> every claim on the same physical device, under whatever name
+        (GPU 0 is held when `=all`, `=GPU-<uuid>` or one of its MIG instances is)."""
+        every = self.ledger.claims()
+        out: dict[str, list[Claim]] = {}
+        for device in self.inventory.devices:
+            mine = self.inventory.footprint(device)
+            found = [c for c in every if c.footprint.overlaps(mine)]
+            if found:
+                out[device.key] = found
+        return out
 
     # -- mount
     def mount(
@@ -159,7 +168,16 @@ class Engine:
         device_refs: list[str],
         force: bool = False,
         metadata: dict[str, str] | None = None,
+        *,
+        group: str | None = None,
+        share_with: str | None = None,
     ) -> MountResult:
+        """Mount `device_refs` into one container.
+
+        `group`: who may share these devices without asking (a pod: several of its
+        containers); default the container alone. `share_with`: a group whose hold on
+        the same physical devices this mount joins on purpose (hotmount/claims.py).
+        """
         devices = self.inventory.resolve_all(device_refs)
         container = ref if isinstance(ref, Container) else self.resolve(ref)
         with _Liveness(self.host, container) as alive, self.ledger.lock(container.key):
@@ -177,8 +195,9 @@ class Engine:
                 record.pending = PendingOp(op="mount", devices=[d.key for d in new], nodes=pending)
                 self.ledger.save(record)
                 created: list[NodeRecord] = []
+                group = group or container.key
                 try:
-                    self._claim(new, container.key, force)
+                    joined = self._claim(new, container.key, force, group, share_with, metadata)
                     self._apply_mount(record, pending, created, fs, alive)
                 except BaseException:
                     for device in new:
@@ -194,30 +213,48 @@ class Engine:
                     node_paths=[n.path for n in device.all_nodes],
                     mounted_at=now(),
                     metadata=metadata or {},
+                    group=group,
+                    shared_with=joined.get(device.key),
                 )
             record.pending = None
             self.ledger.save(record)
             log.info("mounted %s into %s", [d.key for d in new], container.key)
             return MountResult(container.as_dict(), [_mounted(d) for d in new], already)
 
-    def _claim(self, devices: list[Device], owner: str, force: bool) -> None:
-        taken: list[str] = []
-        try:
+    def _claim(
+        self,
+        devices: list[Device],
+        owner: str,
+        force: bool,
+        group: str,
+        share_with: str | None,
+        metadata: dict[str, str] | None,
+    ) -> dict[str, str | None]:
+        """Claim the physical devices behind `devices`, or raise DeviceClaimed naming who
+        holds them. Returns the `shared_with` each claim recorded."""
+        holder = {k: v for k, v in (metadata or {}).items() if k in _HOLDER_KEYS}
+        with self.ledger.claims_lock():
+            existing = self.ledger.claims()
+            wanted = []
             for device in devices:
-                holder = self.ledger.claim(device.key, owner)
-                if holder is not None:
-                    if not force and self._record_alive(holder):
-                        raise DeviceClaimed(
-                            f"device {_label(device)} is hot-mounted in container {holder}; "
-                            "unmount it there first, or force",
-                            holder,
-                        )
-                    self.ledger.take_over(device.key, owner)
-                taken.append(device.key)
-        except BaseException:
-            for key in taken:
-                self.ledger.release(key, owner)
-            raise
+                claim = Claim(owner, device.key, group, self.inventory.footprint(device))
+                joined = claims.joined(claim, existing, share_with) if not force else None
+                wanted.append(replace(claim, shared_with=joined, holder=holder))
+            if not force:
+                for claim in wanted:
+                    blockers = claims.blocking(claim, existing, share_with)
+                    stale = {b.owner for b in blockers if not self._record_alive(b.owner)}
+                    for dead in stale:  # its container is gone: its claims are void
+                        for c in existing:
+                            if c.owner == dead and not c.footprint.unknown:
+                                self.ledger.release(c.device, dead)
+                        self.ledger.release_unreadable(dead)
+                    existing = [c for c in existing if c.owner not in stale]
+                    live = [b for b in blockers if b.owner not in stale]
+                    if live:
+                        raise _claimed(self.inventory.get(claim.device), live)
+            self.ledger.add_claims(wanted)
+        return {c.device: c.shared_with for c in wanted}
 
     def _plan(
         self, record: ContainerRecord, new: list[Device], fs: ContainerFs
@@ -475,14 +512,46 @@ class Engine:
                 except HotmountError as exc:
                     report.errors[record.key] = exc.message
                     log.warning("reconcile %s: %s", record.key, exc.message)
-        # A mount writes its record before its claim: so a claim read first, then no
-        # record, is stale (a record list taken before the claims would miss a mount
-        # that landed in between, and free the device it had just claimed).
-        for device, owner in self.ledger.claims().items():
-            with self.ledger.lock(owner):
-                if self.ledger.load(owner) is None:
-                    self.ledger.release(device, owner)
+        self._sweep_claims()
         return report
+
+    def _sweep_claims(self) -> None:
+        """Drop claims no record stands behind; rewrite unreadable ones from the record.
+
+        A mount writes its record before its claim: so a claim read first, then no
+        record, is stale (a record list taken before the claims would miss a mount
+        that landed in between, and free the device it had just claimed).
+        """
+        with self.ledger.claims_lock():
+            self.ledger.sweep_temp_claims()
+        for owner in sorted({c.owner for c in self.ledger.claims()}):
+            with self.ledger.lock(owner), self.ledger.claims_lock():
+                record = self.ledger.load(owner)
+                mine = [c for c in self.ledger.claims() if c.owner == owner]
+                wanted = set(record.devices) if record else set()
+                if record is not None and record.pending and record.pending.op == "mount":
+                    wanted |= set(record.pending.devices)
+                for claim in mine:
+                    if not claim.footprint.unknown and claim.device not in wanted:
+                        self.ledger.release(claim.device, owner)
+                if record is None or not any(c.footprint.unknown for c in mine):
+                    if record is None:
+                        self.ledger.release_unreadable(owner)
+                    continue
+                readable = {c.device for c in mine if not c.footprint.unknown}
+                self.ledger.add_claims(self._claims_of(record, set(record.devices) - readable))
+                self.ledger.release_unreadable(owner)
+                log.warning("rewrote the unreadable claims of %s from its record", owner)
+
+    def _claims_of(self, record: ContainerRecord, keys: set[str]) -> list[Claim]:
+        out = []
+        for key in sorted(keys):
+            entry, device = record.devices[key], self.inventory.get(key)
+            footprint = self.inventory.footprint(device) if device else claims.UNKNOWN
+            holder = {k: v for k, v in entry.metadata.items() if k in _HOLDER_KEYS}
+            group = entry.group or record.key
+            out.append(Claim(record.key, key, group, footprint, entry.shared_with, holder))
+        return out
 
     def _reconcile_one(self, record: ContainerRecord, report: ReconcileReport) -> None:
         container = self._live(record)
@@ -636,6 +705,31 @@ def _mounted(device: Device) -> MountedDevice:
 
 def _label(device: Device) -> str:
     return f"{device.index} ({device.key})" if device.index is not None else device.key
+
+
+_HOLDER_KEYS = ("namespace", "pod", "container")
+
+
+def _claimed(device: Device | None, blockers: list[Claim]) -> DeviceClaimed:
+    """409 naming every holder: the container, the name it mounted, its pod."""
+    holders = []
+    for b in blockers:
+        where = f"container {b.owner}"
+        if b.holder.get("pod"):
+            where = (
+                f"pod {b.holder.get('namespace')}/{b.holder['pod']} "
+                f"(container {b.holder.get('container')}, {b.owner[:12]})"
+            )
+        named = "an unreadable claim (reconcile repairs it)" if b.footprint.unknown else b.device
+        holders.append((where, named, b))
+    label = _label(device) if device is not None else blockers[0].device
+    held = "; ".join(f"{where} as {named}" for where, named, _ in holders)
+    return DeviceClaimed(
+        f"device {label} is the same physical device as one hot-mounted in {held}; "
+        "unmount it there first, share it on purpose (shareWith), or force",
+        blockers[0].owner,
+        [{"containerId": b.owner, "device": b.device, **dict(b.holder)} for _, _, b in holders],
+    )
 
 
 def _quietly(fn: object, *args: object) -> None:

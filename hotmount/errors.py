@@ -10,7 +10,7 @@
     │   └── DeviceNotFound             not in the node's inventory
     ├── Conflict                  409
     │   ├── DeviceBusy                 a container process holds the device open
-    │   ├── DeviceClaimed              hot-mounted into another container
+    │   ├── DeviceClaimed              the same physical device is hot-mounted elsewhere
     │   └── UnsafePath                 an existing path is not the expected device node
     └── KernelError               500  a syscall failed for a reason that is not the caller's
         └── BpfError                   a bpf() command failed (verifier log attached)
@@ -89,9 +89,12 @@ class DeviceBusy(Conflict):
 class DeviceClaimed(Conflict):
     reason = "DeviceClaimed"
 
-    def __init__(self, message: str, owner: str) -> None:
+    def __init__(
+        self, message: str, owner: str, holders: list[dict[str, str]] | None = None
+    ) -> None:
         super().__init__(message)
         self.owner = owner
+        self.holders = holders or []
 
 
 class UnsafePath(Conflict):

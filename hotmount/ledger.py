@@ -5,14 +5,17 @@ so that unmount, status and reconcile work after a restart and never remove
 what the runtime granted itself. Layout under the state directory:
 
     containers/<key>.json   one record per container (atomic: temp file, rename)
-    claims/<device>         which container holds a device (O_EXCL: one winner)
+    claims/<owner>@<device> one container's hold on one device, with the device's
+                            physical footprint (temp file, then link(2) into place)
     locks/<key>.lock        flock held for the length of one operation on a container
 
 A record carries a `pending` plan while an operation runs. If the process dies
 midway, reconcile finds it: a pending mount is rolled back, a pending unmount
 rolled forward, so no node is left without its grant, nor a grant without its
-record. There is no global lock: operations on different containers never wait
-for each other.
+record. Operations on different containers never wait for each other, except
+for the instant claims are checked and written (`claims_lock`): claims are
+about physical devices, where every name of one GPU meets (see
+hotmount/claims.py for which claims collide).
 
 The ledger lives on tmpfs by default (/run/gpu-hotmount): it describes cgroup
 grants, BPF maps and nodes in containers' namespaces, none of which survives a
@@ -26,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import re
@@ -38,9 +40,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from hotmount.claims import UNKNOWN, Claim, Footprint
 from hotmount.errors import KernelError
 
 LEDGER_VERSION = 1
+CLAIM_VERSION = 2
 log = logging.getLogger(__name__)
 
 
@@ -60,6 +64,8 @@ class DeviceRecord(BaseModel):
     node_paths: list[str]
     mounted_at: str
     metadata: dict[str, str] = Field(default_factory=dict)
+    group: str | None = None  # who may share it without asking (see hotmount/claims.py)
+    shared_with: str | None = None  # the group it joined on purpose
 
 
 class PendingOp(BaseModel):
@@ -136,44 +142,114 @@ class Ledger:
             os.close(fd)
 
     # -- device claims
-    def claim(self, device_key: str, owner: str) -> str | None:
-        """Take the device for `owner`; return the current owner if someone else holds it."""
-        path = self._claims / _file_name(device_key)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            holder = self.claim_owner(device_key)
-            return None if holder in (owner, None) else holder
-        try:
-            os.write(fd, json.dumps({"device": device_key, "owner": owner}).encode())
-        finally:
-            os.close(fd)
-        return None
+    @contextlib.contextmanager
+    def claims_lock(self) -> Iterator[None]:
+        """Held only while claims are read, checked and written: never across kernel work."""
+        with self.lock(".claims"):
+            yield
 
-    def take_over(self, device_key: str, owner: str) -> None:
-        _atomic_write(
-            self._claims / _file_name(device_key),
-            json.dumps({"device": device_key, "owner": owner}).encode(),
-        )
+    def claim_path(self, owner: str, device_key: str) -> Path:
+        return self._claims / f"{_file_name(owner)}@{_file_name(device_key)}"
 
-    def claim_owner(self, device_key: str) -> str | None:
-        try:
-            return json.loads((self._claims / _file_name(device_key)).read_text())["owner"]
-        except (FileNotFoundError, ValueError, KeyError):
-            return None
+    def claims(self) -> list[Claim]:
+        """Every claim on disk. One that does not parse (empty, cut short) holds everything:
+        it never reads as free. Its owner is in its file name, so reconcile can repair it."""
+        out = []
+        for path in sorted(self._claims.iterdir()):
+            if path.name.startswith("."):
+                continue  # a temp file not yet linked into place: no claim
+            try:
+                out.append(_claim_of(ClaimRecord.model_validate_json(path.read_bytes())))
+            except FileNotFoundError:
+                continue
+            except ValueError:
+                owner = path.name.partition("@")[0]
+                out.append(
+                    Claim(owner=owner, device=f"?{path.name}", group=owner, footprint=UNKNOWN)
+                )
+        return out
+
+    def add_claims(self, claims: list[Claim]) -> None:
+        """Write each claim whole into a temp file, then link it into place (call under
+        `claims_lock`). A reader sees no file or a complete one, never an empty claim."""
+        for claim in claims:
+            _link_into_place(self.claim_path(claim.owner, claim.device), _claim_bytes(claim))
 
     def release(self, device_key: str, owner: str) -> None:
-        if self.claim_owner(device_key) == owner:
-            with contextlib.suppress(FileNotFoundError):
-                (self._claims / _file_name(device_key)).unlink()
+        with contextlib.suppress(FileNotFoundError):
+            self.claim_path(owner, device_key).unlink()
 
-    def claims(self) -> dict[str, str]:
-        out = {}
-        for path in self._claims.iterdir():
-            with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
-                data = json.loads(path.read_text())
-                out[data["device"]] = data["owner"]
-        return out
+    def release_unreadable(self, owner: str) -> None:
+        """Drop `owner`'s claim files that do not parse (call under `claims_lock`)."""
+        for path in self._claims.glob(f"{_file_name(owner)}@*"):
+            try:
+                ClaimRecord.model_validate_json(path.read_bytes())
+            except FileNotFoundError:
+                continue
+            except ValueError:
+                path.unlink(missing_ok=True)
+
+    def sweep_temp_claims(self) -> None:
+        """Temp files a crashed writer left behind (call under `claims_lock`)."""
+        for path in self._claims.glob(".*"):
+            path.unlink(missing_ok=True)
+
+
+class ClaimRecord(BaseModel):
+    version: int = CLAIM_VERSION
+    owner: str
+    device: str
+    group: str
+    shared_with: str | None = None
+    exclusive: list[tuple[int, int]]
+    touched: list[tuple[int, int]]
+    holder: dict[str, str] = Field(default_factory=dict)
+
+
+def _claim_bytes(claim: Claim) -> bytes:
+    return (
+        ClaimRecord(
+            owner=claim.owner,
+            device=claim.device,
+            group=claim.group,
+            shared_with=claim.shared_with,
+            exclusive=sorted(claim.footprint.exclusive),
+            touched=sorted(claim.footprint.touched),
+            holder=dict(claim.holder),
+        )
+        .model_dump_json()
+        .encode()
+    )
+
+
+def _claim_of(record: ClaimRecord) -> Claim:
+    return Claim(
+        owner=record.owner,
+        device=record.device,
+        group=record.group,
+        footprint=Footprint(frozenset(record.exclusive), frozenset(record.touched)),
+        shared_with=record.shared_with,
+        holder=record.holder,
+    )
+
+
+def _link_into_place(path: Path, data: bytes) -> None:
+    """Temp file, then link(2): the name appears only with its whole content behind it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:80]}.")
+    try:
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            os.replace(tmp, path)  # rewriting our own claim: the same owner and device
+    except OSError as exc:
+        raise KernelError(f"writing the claim {path}: {exc.strerror}") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _parse(path: Path) -> ContainerRecord | None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from hotmount import claims
 from hotmount.devices import cdi, mig, nvidia
 from hotmount.devices.model import Device, DeviceKind, DeviceNode
 from hotmount.errors import DeviceNotFound, InvalidDeviceRef
@@ -50,10 +51,18 @@ class Inventory:
     refused: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.devices = fold_aliases(self.devices)
         self._by_name: dict[str, Device] = {}
+        self._by_cdi_name: dict[str, Device] = {}
         for device in self.devices:
             for name in (device.key, *device.aliases):
                 self._by_name.setdefault(name, device)
+                if _CDI.match(name):
+                    self._by_cdi_name.setdefault(name.partition("=")[2], device)
+        self._ignore = claims.CONTROL_NUMBERS | {
+            (n.major, n.minor) for d in self.devices for n in d.shared_nodes
+        }
+        self._footprints = {d.key: claims.footprint(d, self._ignore) for d in self.devices}
 
     @classmethod
     def load(
@@ -106,6 +115,47 @@ class Inventory:
 
     def get(self, key: str) -> Device | None:
         return self._by_name.get(key)
+
+    def footprint(self, device: Device) -> claims.Footprint:
+        """The physical numbers `device` holds (see hotmount/claims.py)."""
+        found = self._footprints.get(device.key)
+        return found if found is not None else claims.footprint(device, self._ignore)
+
+    def overlapping(self, footprint: claims.Footprint) -> list[Device]:
+        """Every inventoried device that shares a physical device with `footprint`."""
+        return [d for d in self.devices if self._footprints[d.key].overlaps(footprint)]
+
+    def kubelet_device(self, device_id: str) -> Device | None:
+        """The device behind an ID the kubelet reports, whatever its form: a UUID, a
+        time-sliced replica `UUID::n`, a MIG UUID, an index (device-id-strategy=index),
+        or a CDI name, fully qualified or bare (`MIG-<uuid>` as nvidia-ctk names it)."""
+        base = device_id.partition("::")[0]
+        return self._by_name.get(base) or self._by_cdi_name.get(base)
+
+
+def fold_aliases(devices: list[Device]) -> list[Device]:
+    """CDI devices whose own nodes are exactly an earlier device's fold into it as aliases.
+
+    nvidia-ctk writes `nvidia.com/gpu=0` and `=GPU-<uuid>` for the same /dev/nvidia0 as
+    the GPU the driver lists: one physical device, one entry, many names. Only identical
+    nodes fold (path, numbers, mode, permissions: what a name gives a container must not
+    change); a name whose nodes differ stays its own entry, and still collides physically.
+    """
+    out: list[Device] = []
+    by_nodes: dict[frozenset[DeviceNode], int] = {}
+    for device in devices:
+        nodes = frozenset(device.nodes)
+        first = by_nodes.get(nodes)
+        if first is not None and device.kind is DeviceKind.CDI and nodes:
+            host = out[first]
+            names = (*host.aliases, device.key, *device.aliases)
+            out[first] = replace(
+                host, aliases=tuple(dict.fromkeys(n for n in names if n != host.key))
+            )
+            continue
+        by_nodes.setdefault(nodes, len(out))
+        out.append(device)
+    return out
 
 
 def _mig_devices(

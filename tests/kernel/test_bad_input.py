@@ -61,7 +61,7 @@ def test_refused_and_nothing_changes(
 
     assert raised.value.message and "\n" not in raised.value.message
     assert _kernel_view(container) == before
-    assert engine.ledger.records() == [] and engine.ledger.claims() == {}
+    assert engine.ledger.records() == [] and engine.ledger.claims() == []
 
 
 def test_container_that_exits_mid_operation(engine: Engine, container: RuncContainer) -> None:
@@ -71,7 +71,7 @@ def test_container_that_exits_mid_operation(engine: Engine, container: RuncConta
     with pytest.raises(ContainerNotFound):
         engine.mount(resolved, [GPU0])
 
-    assert engine.ledger.records() == [] and engine.ledger.claims() == {}
+    assert engine.ledger.records() == [] and engine.ledger.claims() == []
 
 
 def test_pid_of_a_container_process_is_accepted(engine: Engine, container: RuncContainer) -> None:

@@ -72,4 +72,4 @@ def test_gone_containers_are_forgotten(engine: Engine, make_container) -> None:
     report = engine.reconcile()
 
     assert report.forgotten == [container.id]
-    assert engine.ledger.records() == [] and engine.ledger.claims() == {}
+    assert engine.ledger.records() == [] and engine.ledger.claims() == []

@@ -1,4 +1,4 @@
-"""The ledger: atomic per-container records and O_EXCL device claims, in a tmp state dir."""
+"""The ledger: atomic per-container records and linked-into-place claims, in a tmp state dir."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hotmount.claims import Claim, Footprint
 from hotmount.ledger import (
     ContainerRecord,
     DeviceRecord,
@@ -107,12 +108,13 @@ def test_atomic_writes_leave_no_temp_files(ledger: Ledger) -> None:
         rec = record()
         rec.init_pid = 100 + i
         ledger.save(rec)
-        ledger.take_over("GPU-1", f"owner-{i}")
+        ledger.add_claims([claim("GPU-1", CID, group=f"pod-{i}")])
     assert listing(ledger.state_dir / "containers") == [f"{CID}.json"]
-    assert listing(ledger.state_dir / "claims") == ["GPU-1"]
+    assert listing(ledger.state_dir / "claims") == [f"{CID}@GPU-1"]
     loaded = ledger.load(CID)
     assert loaded is not None
     assert loaded.init_pid == 104
+    assert [c.group for c in ledger.claims()] == ["pod-4"]
 
 
 def test_state_dirs_are_private(ledger: Ledger) -> None:
@@ -122,73 +124,62 @@ def test_state_dirs_are_private(ledger: Ledger) -> None:
 
 def test_a_second_ledger_on_the_same_dir_sees_the_records(ledger: Ledger) -> None:
     ledger.save(record())
-    ledger.claim("GPU-1", CID)
+    ledger.add_claims([claim("GPU-1", CID)])
     again = Ledger(ledger.state_dir)
     assert again.load(CID) == record()
-    assert again.claims() == {"GPU-1": CID}
+    assert again.claims() == [claim("GPU-1", CID)]
 
 
-# -- claims
+# -- claims: one file per (container, device), written whole, then linked into place
 
 
-def test_claim_is_exclusive(ledger: Ledger) -> None:
-    assert ledger.claim("GPU-1", CID) is None
-    assert ledger.claim("GPU-1", OTHER) == CID
-    assert ledger.claim_owner("GPU-1") == CID
+def claim(device: str, owner: str, group: str = "default/nb", minor: int = 0) -> Claim:
+    numbers = frozenset({(195, minor)})
+    return Claim(owner, device, group, Footprint(numbers, numbers), holder={"pod": "nb"})
 
 
-def test_claim_by_the_same_owner_is_idempotent(ledger: Ledger) -> None:
-    assert ledger.claim("GPU-1", CID) is None
-    assert ledger.claim("GPU-1", CID) is None
-    assert ledger.claims() == {"GPU-1": CID}
+def test_claims_round_trip_with_their_footprint(ledger: Ledger) -> None:
+    mine = Claim(
+        CID,
+        "MIG-GPU-1/1/0",
+        "default/nb",
+        Footprint(frozenset({(240, 12)}), frozenset({(240, 12), (195, 0)})),
+        shared_with="default/producer",
+        holder={"namespace": "default", "pod": "nb", "container": "main"},
+    )
+    ledger.add_claims([mine, claim("GPU-2", OTHER, minor=1)])
+    assert sorted(ledger.claims(), key=lambda c: c.owner) == [mine, claim("GPU-2", OTHER, minor=1)]
 
 
-def test_release_only_by_the_owner(ledger: Ledger) -> None:
-    ledger.claim("GPU-1", CID)
+def test_release_only_drops_that_owners_claim(ledger: Ledger) -> None:
+    ledger.add_claims([claim("GPU-1", CID), claim("GPU-1", OTHER)])
     ledger.release("GPU-1", OTHER)
-    assert ledger.claim_owner("GPU-1") == CID
-    ledger.release("GPU-1", CID)
-    assert ledger.claim_owner("GPU-1") is None
-    assert ledger.claim("GPU-1", OTHER) is None
+    assert ledger.claims() == [claim("GPU-1", CID)]
     ledger.release("GPU-2", CID)  # releasing what nobody holds is fine
-    assert ledger.claims() == {"GPU-1": OTHER}
+    assert ledger.claims() == [claim("GPU-1", CID)]
 
 
-def test_take_over(ledger: Ledger) -> None:
-    ledger.claim("GPU-1", CID)
-    ledger.take_over("GPU-1", OTHER)
-    assert ledger.claim_owner("GPU-1") == OTHER
-    assert ledger.claim("GPU-1", CID) == OTHER
-    ledger.release("GPU-1", CID)
-    assert ledger.claim_owner("GPU-1") == OTHER
+@pytest.mark.parametrize("content", [b"", b'{"version": 2, "owner": "aa', b"{not json"])
+def test_an_empty_or_cut_short_claim_file_never_reads_as_free(
+    ledger: Ledger, content: bytes
+) -> None:
+    # What a crash between create and write left with the old O_EXCL-then-write claim.
+    ledger.claim_path(CID, "GPU-1").write_bytes(content)
+
+    [held] = ledger.claims()
+
+    assert held.owner == CID and held.footprint.unknown
+    # It holds every physical device until reconcile rewrites it from the record.
+    assert held.footprint.overlaps(claim("GPU-9", OTHER, minor=9).footprint)
+    ledger.release_unreadable(CID)
+    assert ledger.claims() == []
 
 
-def test_take_over_of_an_unclaimed_device(ledger: Ledger) -> None:
-    ledger.take_over("GPU-1", OTHER)
-    assert ledger.claims() == {"GPU-1": OTHER}
-
-
-def test_claims_lists_every_device_by_its_real_key(ledger: Ledger) -> None:
-    keys = {
-        "GPU-1": CID,
-        "MIG-GPU-1/1/0": OTHER,
-        "nvidia.com/gpu=0": "pid-4242",
-        "example.com/nic=mlx5_0:1": CID,
-    }
-    for key, owner in keys.items():
-        assert ledger.claim(key, owner) is None
-    assert ledger.claims() == keys
-    for key, owner in keys.items():
-        assert ledger.claim_owner(key) == owner
-
-
-def test_a_corrupt_claim_file_counts_as_unowned(ledger: Ledger) -> None:
-    ledger.claim("GPU-1", CID)
-    (ledger.state_dir / "claims" / "GPU-1").write_text("{not json")
-    assert ledger.claim_owner("GPU-1") is None
-    assert ledger.claims() == {}
-    # The file still exists, so O_EXCL still refuses, but nobody holds it: the caller may go on.
-    assert ledger.claim("GPU-1", OTHER) is None
+def test_temp_files_of_a_crashed_writer_are_no_claim_and_are_swept(ledger: Ledger) -> None:
+    (ledger.state_dir / "claims" / f".{CID}@GPU-1.x1y2").write_bytes(b"")
+    assert ledger.claims() == []
+    ledger.sweep_temp_claims()
+    assert listing(ledger.state_dir / "claims") == []
 
 
 # -- file names
@@ -225,7 +216,7 @@ def test_plain_keys_keep_their_names(key: str) -> None:
 
 def test_awkward_keys_stay_inside_the_state_dir(ledger: Ledger) -> None:
     for i, key in enumerate(AWKWARD_KEYS):
-        assert ledger.claim(key, f"owner-{i}") is None
+        ledger.add_claims([claim(key, f"owner-{i}")])
         rec = record(key)
         ledger.save(rec)
         assert ledger.load(key) == rec
@@ -234,5 +225,5 @@ def test_awkward_keys_stay_inside_the_state_dir(ledger: Ledger) -> None:
     assert len(listing(ledger.state_dir / "containers")) == len(AWKWARD_KEYS)
     for name in claim_files:
         data = json.loads((ledger.state_dir / "claims" / name).read_text())
-        assert _file_name(data["device"]) == name
+        assert f"{_file_name(data['owner'])}@{_file_name(data['device'])}" == name
     assert sorted(os.listdir(ledger.state_dir)) == ["claims", "containers", "locks"]

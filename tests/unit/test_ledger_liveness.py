@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hotmount.claims import Claim
 from hotmount.engine import Engine, EngineConfig
 from hotmount.ledger import ContainerRecord, PendingOp
 from tests.unit.hosttree import BY_INDEX, build_host, write
@@ -50,7 +51,7 @@ def test_reconcile_keeps_the_record_of_a_live_container(engine: Engine) -> None:
         pending=PendingOp(op="mount", devices=[GPU], nodes=[]),
     )  # fmt: skip
     engine.ledger.save(record)
-    assert engine.ledger.claim(GPU, CID) is None
+    engine.ledger.add_claims([gpu_claim(engine)])
     report = engine.reconcile()
     assert report.forgotten == []
     assert engine.ledger.load(CID) is not None
@@ -59,10 +60,14 @@ def test_reconcile_keeps_the_record_of_a_live_container(engine: Engine) -> None:
 def test_reconcile_leaves_the_claim_of_a_mount_that_lands_meanwhile(engine: Engine) -> None:
     ledger = engine.ledger
     sweep = ledger.claims
+    landed = []
 
-    def mount_lands_now() -> dict[str, str]:
+    def mount_lands_now() -> list[Claim]:
         # Another thread mounts into CID between reconcile's look at the records and
         # its sweep of the claims: the record goes on disk first, then the claim.
+        if landed:
+            return sweep()
+        landed.append(True)
         ledger.save(
             ContainerRecord(
                 key=CID, container_id=CID, init_pid=INIT, init_start_time=START_TIME,
@@ -70,9 +75,15 @@ def test_reconcile_leaves_the_claim_of_a_mount_that_lands_meanwhile(engine: Engi
                 pending=PendingOp(op="mount", devices=[GPU], nodes=[]),
             )
         )  # fmt: skip
-        assert ledger.claim(GPU, CID) is None
+        ledger.add_claims([gpu_claim(engine)])
         return sweep()
 
     ledger.claims = mount_lands_now  # type: ignore[method-assign]
     engine.reconcile()
-    assert ledger.claim_owner(GPU) == CID
+    assert [(c.owner, c.device) for c in sweep()] == [(CID, GPU)]
+
+
+def gpu_claim(engine: Engine) -> Claim:
+    device = engine.inventory.get(GPU)
+    assert device is not None
+    return Claim(CID, GPU, CID, engine.inventory.footprint(device))
