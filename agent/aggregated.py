@@ -8,7 +8,15 @@ authenticated caller, as Kubernetes' own are.
 
     GPUMount (namespaced; name = the pod)  create, get, list, delete
     NodeDevices (cluster; name = the node) get, list
-    Reassignment (cluster)                  create
+    Reassignment (namespaced)               create
+
+The API server authorizes the aggregated path itself before it proxies, by the path's
+scope. So a move between two pods of one namespace is a namespaced Reassignment, which a
+RoleBinding to `hotmount-user` allows; a move across namespaces is the cluster-scoped
+`POST .../reassignments`, which needs `create reassignments` at the cluster scope (a
+ClusterRoleBinding). Either way the agent then checks `delete` on the source pod and
+`create` on the target (and `force` on both when forced). Listing nodes' devices is
+cluster-scoped (`nodedevices`): it shows holders in every namespace.
 """
 
 from __future__ import annotations
@@ -19,13 +27,14 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.auth import Identity
+from agent.auth import Authorizer, Identity
 from agent.deps import Authz, Caller, Gate, Service
 from agent.errors import BadRequest, NotOnThisNode
 from agent.gateway import LOCAL_ONLY, Gateway
 from agent.routes.forwarding import local_or_forward
 from agent.routes.pods import Namespace, PodName
-from agent.schemas import MountRequest, ReassignRequest
+from agent.schemas import KubeName, MountRequest, PodRef, ReassignRequest
+from agent.service import NodeService
 
 GROUP, VERSION = "hotmount.io", "v1alpha1"
 GROUP_VERSION = f"{GROUP}/{VERSION}"
@@ -58,6 +67,38 @@ class ReassignmentBody(BaseModel):
     kind: str = Field(default="Reassignment", pattern="^Reassignment$")
     metadata: dict[str, Any] | None = None
     spec: ReassignRequest
+
+
+class LocalPodRef(PodRef):
+    """A pod of the Reassignment's own namespace: `namespace` may be left out."""
+
+    namespace: KubeName | None = None  # type: ignore[assignment]
+
+
+class LocalReassignRequest(ReassignRequest):
+    from_: LocalPodRef = Field(alias="from")  # type: ignore[assignment]
+    to: LocalPodRef  # type: ignore[assignment]
+
+
+class NamespacedReassignmentBody(ReassignmentBody):
+    spec: LocalReassignRequest  # type: ignore[assignment]
+
+    def within(self, namespace: str) -> ReassignRequest:
+        """The move, both pods in `namespace`; a pod elsewhere is a 400 that says where to go."""
+        given = (self.metadata or {}).get("namespace")
+        if given not in (None, namespace):
+            raise BadRequest(f"metadata.namespace {given} is not {namespace}")
+        refs = {}
+        for side, ref in (("from", self.spec.from_), ("to", self.spec.to)):
+            if ref.namespace not in (None, namespace):
+                raise BadRequest(
+                    f"spec.{side}.namespace {ref.namespace} is not {namespace}: a namespaced "
+                    "Reassignment moves within its namespace; across namespaces use the "
+                    f"cluster-scoped {PREFIX}/{VERSION}/reassignments"
+                )
+            refs[side] = {**ref.model_dump(exclude_none=True), "namespace": namespace}
+        spec = self.spec.model_dump(by_alias=True, exclude_none=True)
+        return ReassignRequest.model_validate({**spec, **refs})
 
 
 def _object(
@@ -120,10 +161,14 @@ def api_resources(caller: Caller) -> dict[str, Any]:
                 "kind": "NodeDevices",
                 "verbs": ["get", "list"],
             },
+            # Namespaced: `kubectl create -n NS -f move.yaml` posts to
+            # namespaces/NS/reassignments. The cluster-scoped POST .../reassignments (moves
+            # across namespaces) is the same kind at the cluster scope; discovery has one
+            # entry per resource name, so it is documented in docs/api.md, not listed twice.
             {
                 "name": "reassignments",
                 "singularName": "reassignment",
-                "namespaced": False,
+                "namespaced": True,
                 "kind": "Reassignment",
                 "verbs": ["create"],
             },
@@ -145,6 +190,9 @@ def create_gpumount(
     if body.metadata.namespace not in (None, namespace):
         raise BadRequest(f"metadata.namespace {body.metadata.namespace} is not {namespace}")
     authz.require(caller, "create", namespace, pod)
+    if body.spec.share_with:  # sharing across pods: the caller may mount into both
+        authz.require(caller, "create", namespace, body.spec.share_with)
+    authz.require_force(caller, body.spec.force, (namespace, pod))
     spec = body.spec.model_dump(by_alias=True, exclude_none=True)
 
     def mount() -> dict[str, Any]:
@@ -206,6 +254,7 @@ def delete_gpumount(
     force: bool = False,
 ) -> Any:
     authz.require(caller, "delete", namespace, pod)
+    authz.require_force(caller, force, (namespace, pod))
 
     def delete() -> dict[str, Any]:
         result = service.unmount_pod(
@@ -220,7 +269,7 @@ def delete_gpumount(
 def list_node_devices(
     request: Request, caller: Caller, authz: Authz, service: Service, gateway: Gate
 ) -> dict[str, Any]:
-    authz.require(caller, "list")
+    authz.require(caller, "list", resource="nodedevices")
     local = service.devices()
     items = [_object("NodeDevices", local.node or "", local)]
     return _list("NodeDevices", items + _other_nodes(request, caller, gateway))
@@ -230,7 +279,7 @@ def list_node_devices(
 def get_node_devices(
     node: PodName, request: Request, caller: Caller, authz: Authz, service: Service, gateway: Gate
 ) -> Any:
-    authz.require(caller, "list")
+    authz.require(caller, "get", name=node, resource="nodedevices")
 
     def get() -> dict[str, Any]:
         if service.settings.node_name and node != service.settings.node_name:
@@ -238,6 +287,20 @@ def get_node_devices(
         return _object("NodeDevices", node, service.devices())
 
     return local_or_forward(get, request, caller, gateway)
+
+
+@router.post(f"/{VERSION}/namespaces/{{namespace}}/reassignments", status_code=201)
+def create_namespaced_reassignment(
+    namespace: Namespace,
+    body: NamespacedReassignmentBody,
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    service: Service,
+    gateway: Gate,
+) -> Any:
+    """A move between two pods of one namespace: what a RoleBinding can allow."""
+    return _reassign(body.within(namespace), request, caller, authz, service, gateway, namespace)
 
 
 @router.post(f"/{VERSION}/reassignments", status_code=201)
@@ -249,20 +312,33 @@ def create_reassignment(
     service: Service,
     gateway: Gate,
 ) -> Any:
-    spec = body.spec
-    authz.require(caller, "delete", spec.from_.namespace, spec.from_.pod)
-    authz.require(caller, "create", spec.to.namespace, spec.to.pod)
+    """A move across namespaces: the API server asked for a ClusterRoleBinding already."""
+    return _reassign(body.spec, request, caller, authz, service, gateway)
+
+
+def _reassign(
+    spec: ReassignRequest,
+    request: Request,
+    caller: Identity,
+    authz: Authorizer,
+    service: NodeService,
+    gateway: Gateway | None,
+    namespace: str | None = None,
+) -> Any:
+    """Every permission before any work: delete on the source, create on the target, and
+    force on both when forced."""
+    source, target = (spec.from_.namespace, spec.from_.pod), (spec.to.namespace, spec.to.pod)
+    authz.require(caller, "delete", *source)
+    authz.require(caller, "create", *target)
+    authz.require_force(caller, spec.force, source, target)
+    wire = spec.model_dump(by_alias=True, exclude_none=True)
 
     def reassign() -> dict[str, Any]:
         result = service.reassign(spec, caller.name)
         return _object(
-            "Reassignment",
-            f"{spec.from_.pod}-to-{spec.to.pod}",
-            result,
-            spec=spec.model_dump(by_alias=True, exclude_none=True),
+            "Reassignment", f"{spec.from_.pod}-to-{spec.to.pod}", result, namespace, spec=wire
         )
 
-    answer = local_or_forward(
-        reassign, request, caller, gateway, body.model_dump(by_alias=True, exclude_none=True)
-    )
+    body = {"apiVersion": GROUP_VERSION, "kind": "Reassignment", "spec": wire}
+    answer = local_or_forward(reassign, request, caller, gateway, body)
     return answer if isinstance(answer, Response) else JSONResponse(answer, status_code=201)

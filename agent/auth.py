@@ -11,7 +11,9 @@ Authentication, first match wins:
 4. otherwise 401, unless anonymous access was configured (development only).
 
 Authorization is a SubjectAccessReview for the user: group `hotmount.io`, resource
-`gpumounts`, the pod's namespace and name; decisions are cached briefly. Every
+`gpumounts` (the node listing: `nodedevices`), the pod's namespace and name; decisions
+are cached briefly. A forced operation also needs the verb `force` on each pod it
+touches: it overrides another holder's claim, so it is a permission of its own. Every
 decision is logged with the user, the verb and the pod.
 """
 
@@ -179,7 +181,15 @@ class Authorizer:
         self.kube = kube
         self._decisions = _TtlCache(ttl)
 
-    def require(self, identity: Identity, verb: str, namespace: str = "", name: str = "") -> None:
+    def require(
+        self,
+        identity: Identity,
+        verb: str,
+        namespace: str = "",
+        name: str = "",
+        *,
+        resource: str = RESOURCE,
+    ) -> None:
         target = f"{namespace}/{name}" if namespace else name or "*"
         if identity.trusted:
             log.info(
@@ -190,25 +200,43 @@ class Authorizer:
             raise Forbidden("no authorizer is configured")
         user = identity.user
         extra = tuple(sorted((k, tuple(v)) for k, v in user.extra.items()))
-        key = (user.username, tuple(user.groups), user.uid, extra, verb, namespace, name)
+        key = (user.username, tuple(user.groups), user.uid, extra, verb, resource, namespace, name)
         decision = self._decisions.get(key)
         if decision is None:
             decision = self.kube.subject_access_review(
-                user, verb, namespace, name, resource=RESOURCE, group=API_GROUP
+                user, verb, namespace, name, resource=resource, group=API_GROUP
             )
             self._decisions.put(key, decision)
         allowed, reason = decision
         log.info(
-            "%s user=%s via=%s verb=%s pod=%s%s",
+            "%s user=%s via=%s verb=%s%s pod=%s%s",
             "allow" if allowed else "deny",
             identity.name,
             identity.via,
             verb,
+            "" if resource == RESOURCE else f" resource={resource}",
             target,
             f" reason={reason}" if reason else "",
         )
         if not allowed:
             raise Forbidden(
-                f'user "{user.username}" cannot {verb} {RESOURCE}.{API_GROUP} '
-                f"{'for pod ' + target if namespace else ''}".rstrip()
+                _refusal(user.username, verb, resource, namespace, name),
+                {"group": API_GROUP, "kind": resource, "name": name},
             )
+
+    def require_force(self, identity: Identity, force: bool, *pods: tuple[str, str]) -> None:
+        """A forced operation also needs `force` on every pod it touches (both, for a move)."""
+        if force:
+            for namespace, name in pods:
+                self.require(identity, "force", namespace, name)
+
+
+def _refusal(user: str, verb: str, resource: str, namespace: str, name: str) -> str:
+    """The refusal in the API server's own words, plus what `force` is when that is the verb."""
+    scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+    message = f'user "{user}" cannot {verb} {resource}.{API_GROUP} {scope}'
+    if name:
+        message += f" (pod {namespace}/{name})" if namespace else f' ("{name}")'
+    if verb == "force":
+        message += ": forcing overrides another holder, so it is a permission of its own"
+    return message

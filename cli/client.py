@@ -436,12 +436,21 @@ class AggregatedTransport(_Base):
         return listing
 
     def move(self, request: ReassignRequest) -> ReassignResult:
-        body = {
+        """Within one namespace, a namespaced Reassignment: the API server authorizes it
+        in that namespace, so a RoleBinding is enough. Across namespaces, the cluster-scoped
+        one, which needs `create reassignments` at the cluster scope."""
+        body: dict[str, Any] = {
             "apiVersion": f"{API_GROUP}/{API_VERSION}",
             "kind": "Reassignment",
             "spec": _dump(request),
         }
-        data = self._call("POST", f"{AGGREGATED_PREFIX}/reassignments", json=body)
+        namespace = request.from_.namespace
+        if namespace == request.to.namespace:
+            body["metadata"] = {"namespace": namespace}
+            path = f"{AGGREGATED_PREFIX}/namespaces/{_segment(namespace)}/reassignments"
+        else:
+            path = f"{AGGREGATED_PREFIX}/reassignments"
+        data = self._call("POST", path, json=body)
         return self._parse(ReassignResult, _status_of(data), "Reassignment status")
 
 

@@ -365,6 +365,8 @@ def explain(err: HotmountClientError, args: dict[str, Any], opts: Common) -> str
         them = "it" if len(err.holders) == 1 else "them"
         return f"{what} is in use by {procs}{where}; retry with --force to stop {them}"
     hint = _HINTS.get(err.reason) or _HINTS_BY_CODE.get(err.code, "")
+    if err.code == 403 and not opts.local:
+        hint = permission_hint(err, opts, _command_verb(args))
     if err.reason == "NotFound" and "could not find the requested resource" in err.message:
         hint = (
             "the API server does not serve hotmount.io/v1alpha1: is the APIService "
@@ -393,9 +395,59 @@ _HINTS = {
 }
 _HINTS_BY_CODE = {
     401: "your kubeconfig's credentials were not accepted; log in again (kubectl auth whoami)",
-    403: "ask for RBAC on gpumounts.hotmount.io (verbs create, delete, get, list)",
     503: "the agent is unavailable; retry shortly, or check it (kubectl -n gpu-hotmount get pods)",
 }
+
+
+_RESOURCE = re.compile(r'\b(gpumounts|nodedevices|reassignments)(?:\.hotmount\.io|")')
+_NAMESPACE = re.compile(r'in the namespace "([^"]+)"')
+
+
+def _command_verb(args: dict[str, Any]) -> tuple[str, str]:
+    """(verb, resource) a command needs, for refusals that do not say."""
+    if "unmount" in args:
+        return "delete", "gpumounts"
+    if "mount" in args or "gpu" in args:
+        return "create", "gpumounts"
+    if "node" in args:
+        return "list", "nodedevices"
+    return "get", "gpumounts"
+
+
+def permission_hint(err: HotmountClientError, opts: Common, needs: tuple[str, str]) -> str:
+    """What to ask for, read off the refusal: the API server's (`... cannot create resource
+    "reassignments" in API group "hotmount.io" at the cluster scope`) or the agent's
+    (`user "u" cannot force gpumounts.hotmount.io in the namespace "ns" (pod ns/p)`)."""
+    message, details = err.message, err.details
+    verb_match = re.search(r"cannot (\w+)", message)
+    verb = verb_match.group(1) if verb_match else needs[0]
+    resource = details.get("kind") if details.get("group") == "hotmount.io" else None
+    if resource is None:
+        found = _RESOURCE.search(message)
+        resource = found.group(1) if found else needs[1]
+    cluster_scope = "at the cluster scope" in message
+    found_ns = _NAMESPACE.search(message)
+    namespace = found_ns.group(1) if found_ns else (opts.namespace or "your namespace")
+    if verb == "force":
+        return (
+            f"ask for force on gpumounts.hotmount.io in namespace {namespace} "
+            "(ClusterRole hotmount-admin): hotmount-user and edit do not carry it"
+        )
+    if resource == "nodedevices":
+        return (
+            f"ask for {verb} on nodedevices.hotmount.io at the cluster scope (a "
+            "ClusterRoleBinding to ClusterRole hotmount-viewer): the listing shows GPU holders "
+            "in every namespace; nvcli status --name POD shows your pod's"
+        )
+    if resource == "reassignments" and cluster_scope:
+        return (
+            "moving a GPU between namespaces needs create on reassignments.hotmount.io at the "
+            "cluster scope (a ClusterRoleBinding to ClusterRole hotmount-user)"
+        )
+    return (
+        f"ask for {verb} on {resource}.hotmount.io in namespace {namespace} "
+        "(ClusterRole hotmount-user through a RoleBinding, or the edit role)"
+    )
 
 
 # -- the engine in-process (--local) --------------------------------------------------------------

@@ -27,6 +27,8 @@ def mount(
     container_id: ContainerId, body: MountRequest, caller: Caller, authz: Authz, service: Service
 ) -> MountResult:
     authz.require(caller, "create", name=container_id)
+    if body.force:
+        authz.require(caller, "force", name=container_id)
     return service.mount_container(container_id, body)
 
 
@@ -40,4 +42,6 @@ def unmount(
     force: bool = False,
 ) -> UnmountResult:
     authz.require(caller, "delete", name=container_id)
+    if force:
+        authz.require(caller, "force", name=container_id)
     return service.unmount_container(container_id, [device], force)

@@ -12,5 +12,5 @@ router = APIRouter(prefix="/v1", tags=["devices"])
 
 @router.get("/devices")
 def node_devices(caller: Caller, authz: Authz, service: Service) -> DeviceList:
-    authz.require(caller, "list")
+    authz.require(caller, "list", resource="nodedevices")
     return service.devices()

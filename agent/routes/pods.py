@@ -18,6 +18,7 @@ from agent.schemas import (
 )
 
 router = APIRouter(prefix="/v1", tags=["pods"])
+# Every permission is checked before any work starts: a refusal changes nothing.
 
 Namespace = Annotated[str, Path(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
 PodName = Annotated[str, Path(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)]
@@ -58,6 +59,7 @@ def mount(
     gateway: Gate,
 ) -> MountResult | Any:
     authz.require(caller, "create", namespace, pod)
+    authz.require_force(caller, body.force, (namespace, pod))
     return local_or_forward(
         lambda: service.mount_pod(namespace, pod, body, caller.name),
         request,
@@ -81,6 +83,7 @@ def unmount(
     force: bool = False,
 ) -> UnmountResult | Any:
     authz.require(caller, "delete", namespace, pod)
+    authz.require_force(caller, force, (namespace, pod))
     return local_or_forward(
         lambda: service.unmount_pod(
             namespace, pod, [device], container=container, force=force, user=caller.name
@@ -100,8 +103,10 @@ def reassign(
     service: Service,
     gateway: Gate,
 ) -> ReassignResult | Any:
-    authz.require(caller, "delete", body.from_.namespace, body.from_.pod)
-    authz.require(caller, "create", body.to.namespace, body.to.pod)
+    source, target = (body.from_.namespace, body.from_.pod), (body.to.namespace, body.to.pod)
+    authz.require(caller, "delete", *source)
+    authz.require(caller, "create", *target)
+    authz.require_force(caller, body.force, source, target)
     return local_or_forward(
         lambda: service.reassign(body, caller.name),
         request,

@@ -3,7 +3,10 @@
 `cluster.pod(name)` starts a runc container and registers a Running pod whose
 container ID is that container's; `cluster.agent(node)` starts `hotmount-agent`
 as a process for that node. Users: alice (group `ml`, may do anything with
-gpumounts in `default`), bob (no rights); the agents' own ServiceAccount token.
+gpumounts in `default`, `force` included, and list nodedevices), bob (no rights); dana,
+a namespaced tenant: a RoleBinding in `default` to the shipped ClusterRole
+`hotmount-user`; olga, an operator: a ClusterRoleBinding to the shipped `hotmount-admin`;
+the agents' own ServiceAccount token.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.fakes.kube_apiserver import AccessRule, FakeKubeApiServer, FrontProxy
 from tests.fakes.pki import CertificateAuthority, CertPaths
@@ -33,6 +37,14 @@ from tests.support.agent import (
 from tests.support.runc import RuncContainer
 
 AGENT_TOKEN, ALICE, BOB = "agent-token", "alice-token", "bob-token"
+DANA, OLGA = "dana-token", "olga-token"
+USER_ROLES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "04-rbac-user.yaml"
+
+
+def shipped_role(name: str) -> dict[str, Any]:
+    """A ClusterRole exactly as deploy/kubernetes ships it."""
+    roles = [r for r in yaml.safe_load_all(USER_ROLES.read_text()) if r]
+    return next(r for r in roles if r["kind"] == "ClusterRole" and r["metadata"]["name"] == name)
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,13 @@ class Cluster:
                 namespace="*",
             )
         )
+        self.kube.allow(
+            AccessRule(group="ml", api_group="hotmount.io", resource="nodedevices", verb="list")
+        )
+        self.kube.add_token(DANA, "dana", ["team-a"])
+        self.kube.bind_role(shipped_role("hotmount-user"), user="dana", namespace="default")
+        self.kube.add_token(OLGA, "olga", ["ops"])
+        self.kube.bind_role(shipped_role("hotmount-admin"), group="ops")
         self.kubeconfig = self.kube.write_kubeconfig(
             workdir / "agent.kubeconfig", token=AGENT_TOKEN
         )

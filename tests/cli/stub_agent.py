@@ -252,7 +252,8 @@ class StubAgent:
                 "metadata": {"name": NODE},
                 "status": self._devices(),
             }
-        if p == ["reassignments"] and m == "POST":
+        namespaced = len(p) == 3 and p[0] == "namespaces" and p[2] == "reassignments"
+        if (p == ["reassignments"] or namespaced) and m == "POST":
             self._expect_kind(req.body, "Reassignment")
             result = self._reassign(req.body["spec"])
             return 201, {"kind": "Reassignment", "apiVersion": api, "status": result}

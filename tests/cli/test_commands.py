@@ -195,7 +195,7 @@ HOLDERS = {"holders": [{"pid": 4242, "command": "python", "path": "/dev/nvidia0"
         (404, "PodNotFound", None, 4, "check the pod name and the namespace (-n)"),
         (404, "DeviceNotFound", None, 4, "nvcli list shows the node's devices"),
         (400, "InvalidDevice", None, 2, "name a device by index, UUID or CDI name"),
-        (403, "Forbidden", None, 5, "ask for RBAC on gpumounts.hotmount.io"),
+        (403, "Forbidden", None, 5, "ask for delete on gpumounts.hotmount.io in namespace"),
         (504, "Timeout", None, 6, "raise --timeout"),
         (503, "NotReady", None, 1, "retry shortly"),
     ],

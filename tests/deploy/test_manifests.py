@@ -322,6 +322,28 @@ def test_user_role_is_aggregated_to_edit():
     assert rules_allow(rules, "hotmount.io", "nodedevices", {"get", "list"})
     assert rules_allow(rules, "hotmount.io", "reassignments", {"create"})
     assert not rules_allow(rules, "hotmount.io", "gpumounts", {"update"})
+    assert not rules_allow(rules, "hotmount.io", "gpumounts", {"force"})
+
+
+def test_force_is_granted_by_hotmount_admin_alone():
+    """`force` overrides another tenant's claim: only hotmount-admin carries it, and it is
+    aggregated into no built-in role (a namespace admin must not get it by default)."""
+    admin = find(MAIN, "ClusterRole", "hotmount-admin")
+    assert rules_allow(admin["rules"], "hotmount.io", "gpumounts", {"force", "create", "delete"})
+    assert rules_allow(admin["rules"], "hotmount.io", "reassignments", {"create"})
+    assert not any(label.startswith("rbac.authorization.k8s.io/aggregate-to") for label in
+                   admin["metadata"]["labels"])  # fmt: skip
+    roles = [o for o in MAIN if o["kind"] in ("ClusterRole", "Role")]
+    forcing = [r["metadata"]["name"] for r in roles if rules_allow(r.get("rules", []),
+               "hotmount.io", "gpumounts", {"force"})]  # fmt: skip
+    assert forcing == ["hotmount-admin"]
+
+
+def test_viewer_lists_node_devices_only():
+    viewer = find(MAIN, "ClusterRole", "hotmount-viewer")
+    assert viewer["rules"] == [
+        {"apiGroups": ["hotmount.io"], "resources": ["nodedevices"], "verbs": ["get", "list"]}
+    ]
 
 
 # --- the gateway: Service and APIService -------------------------------------------------------

@@ -594,6 +594,39 @@ class FakeKubeApiServer:
         with self._lock:
             self._rules.append(rule)
 
+    def bind_role(
+        self,
+        role: Obj,
+        *,
+        user: str | None = None,
+        group: str | None = None,
+        namespace: str | None = None,
+    ) -> None:
+        """Bind an rbac.authorization.k8s.io/v1 (Cluster)Role as RBAC does: a RoleBinding
+        in ``namespace`` grants its rules there only (never at the cluster scope); with no
+        ``namespace``, a ClusterRoleBinding grants them everywhere, cluster scope included.
+        """
+        for rule in role.get("rules") or []:
+            if rule.get("nonResourceURLs"):
+                continue
+            for api_group, resource, verb, name in itertools.product(
+                rule.get("apiGroups") or [""],
+                rule.get("resources") or [],
+                rule.get("verbs") or [],
+                rule.get("resourceNames") or ["*"],
+            ):
+                self.allow(
+                    AccessRule(
+                        user=user,
+                        group=group,
+                        verb=verb,
+                        api_group=api_group,
+                        resource=resource,
+                        namespace=namespace if namespace is not None else "*",
+                        name=name,
+                    )
+                )
+
     def allow_auth_delegation(self, user: str) -> None:
         """What ``system:auth-delegator`` grants: create TokenReviews and SARs."""
         self.allow(
@@ -807,7 +840,9 @@ class FakeKubeApiServer:
                 f'forbidden: User "{req.user}" cannot {req.verb} path "{req.path}"',
             )
         resource = f"{req.resource}/{req.subresource}" if req.subresource else req.resource
-        target = f'{resource} "{req.name}"' if req.name else resource
+        # kube-apiserver names the GroupResource: `reassignments.hotmount.io "x"`.
+        qualified = f"{resource}.{req.api_group}" if req.api_group else resource
+        target = f'{qualified} "{req.name}"' if req.name else qualified
         scope = f'in the namespace "{req.namespace}"' if req.namespace else "at the cluster scope"
         raise ApiError(
             403,
