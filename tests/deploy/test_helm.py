@@ -53,8 +53,15 @@ def render(*sets: str) -> list[Obj]:
     return load_documents(helm(*argv).stdout)
 
 
+# Rendered by `helm install` where the cluster serves it; `helm template` offline does not
+# know the cluster's APIs (tests/deploy/test_admission_policy.py renders it both ways).
+ADMISSION_POLICY = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
 def static(*, hardened: bool = False, cert_manager: bool = False) -> dict:
-    objects = [o for o in load_dir(KUBE) if o["kind"] != "Namespace"]  # helm --create-namespace
+    objects = [
+        o for o in load_dir(KUBE) if o["kind"] not in ("Namespace", *ADMISSION_POLICY)
+    ]  # the Namespace: helm --create-namespace
     if hardened:
         objects = [o for o in objects if o["kind"] != "DaemonSet"] + load_dir(HARDENED)
     if cert_manager:
@@ -79,6 +86,14 @@ def test_default_values_render_the_plain_manifests():
 
 def test_hardened_renders_the_hardened_manifest():
     compare(render(f"tls.caBundle={TEST_CA_BUNDLE}", "hardened=true"), static(hardened=True))
+
+
+def test_a_cluster_serving_admission_policies_gets_the_plain_manifests_policy():
+    api = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+    argv = ["template", "gpu-hotmount", str(CHART), "-n", NAMESPACE, "--api-versions", api]
+    rendered = load_documents(helm(*argv, "--set", f"tls.caBundle={TEST_CA_BUNDLE}").stdout)
+    expected = by_key([o for o in load_dir(KUBE) if o["kind"] != "Namespace"])
+    compare(rendered, expected)
 
 
 def test_cert_manager_renders_the_cert_manager_manifests():

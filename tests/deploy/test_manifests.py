@@ -97,7 +97,8 @@ def test_main_directory_has_no_duplicates_and_every_kind():
     table = by_key(MAIN)
     kinds = sorted({k[1] for k in table})
     expected = "APIService ClusterRole ClusterRoleBinding DaemonSet Namespace Role RoleBinding"
-    assert kinds == sorted([*expected.split(), "Service", "ServiceAccount"])
+    policy = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert kinds == sorted([*expected.split(), "Service", "ServiceAccount", *policy])
     for obj in MAIN:
         if obj["kind"] in ("DaemonSet", "Service", "ServiceAccount"):
             assert obj["metadata"]["namespace"] == NAMESPACE
