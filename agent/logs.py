@@ -6,6 +6,7 @@ import contextvars
 import json
 import logging
 import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -33,11 +34,50 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+class OncePerProcess(logging.Filter):
+    """uvicorn runs one Server per `--listen` address, and each logs the *process's*
+    lifecycle ("Started server process [pid]", "Shutting down", ...): with a TCP and a
+    unix listener every such line came out twice. Let each through once; lines that
+    differ per listener ("Uvicorn running on ...") and errors are untouched."""
+
+    LIFECYCLE = frozenset(
+        {
+            "Started server process [%d]",
+            "Waiting for application startup.",
+            "Application startup complete.",
+            "Shutting down",
+            "Waiting for application shutdown.",
+            "Application shutdown complete.",
+            "Finished server process [%d]",
+        }
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg not in self.LIFECYCLE:
+            return True
+        line = record.getMessage()
+        with self._lock:
+            if line in self._seen:
+                return False
+            self._seen.add(line)
+            return True
+
+
 def configure(level: str) -> None:
+    """One JSON handler, on the root logger only: every other logger propagates to it."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     logging.Formatter.converter = time.gmtime
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    for old in [f for f in uvicorn_log.filters if isinstance(f, OncePerProcess)]:
+        uvicorn_log.removeFilter(old)
+    uvicorn_log.addFilter(OncePerProcess())
 
 
 class RequestIdMiddleware:
