@@ -1,13 +1,15 @@
 """Who is calling, and may they: one authorization model for every entry path.
 
-Authentication, first match wins:
-1. the root-only unix socket: the node's own root (file permissions are the check);
+Authentication, first match wins (agent/guard.py runs it before any body is read):
+1. the root-only unix socket: the node's own root. The socket is 0600 from birth
+   (agent/server.py), and the peer's uid (SO_PEERCRED) must be root's or the agent's;
 2. `X-Remote-User`/`-Group`/`-Extra-*` from the aggregated API's front proxy, trusted
    only with a TLS client certificate verified against the request-header CA and
    carrying one of its allowed names; anything else presenting them gets 401;
-3. `Authorization: Bearer`: the standalone token file, or a TokenReview; when the
-   token belongs to the agents' own ServiceAccount, `X-Hotmount-User`/`-Group` assert
-   the user a forwarding agent is acting for;
+3. `Authorization: Bearer`: the standalone token file, or a TokenReview (a refused
+   token is remembered briefly, so a flood of bad tokens is not a flood of reviews);
+   when the token belongs to the agents' own ServiceAccount, `X-Hotmount-User`,
+   `-Group`, `-Uid` and `-Extra-*` assert the user a forwarding agent is acting for;
 4. otherwise 401, unless anonymous access was configured (development only).
 
 Authorization is a SubjectAccessReview for the user: group `hotmount.io`, resource
@@ -22,12 +24,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
+
+from cachetools import TTLCache
 
 from agent.config import AgentSettings
 from agent.errors import Forbidden, Unauthorized
@@ -38,6 +43,7 @@ log = logging.getLogger("hotmount.audit")
 API_GROUP = "hotmount.io"
 RESOURCE = "gpumounts"
 ASSERT_USER, ASSERT_GROUP = "x-hotmount-user", "x-hotmount-group"
+ASSERT_UID, ASSERT_EXTRA = "x-hotmount-uid", "x-hotmount-extra-"
 REMOTE_USER, REMOTE_GROUP, REMOTE_EXTRA = "x-remote-user", "x-remote-group", "x-remote-extra-"
 
 
@@ -59,6 +65,7 @@ class CallerContext:
     headers: Mapping[str, list[str]]
     listener: str  # "unix" or "tcp"
     peer_cert: dict[str, Any] | None = None
+    peer_uid: int | None = None  # unix socket: SO_PEERCRED
 
     def first(self, name: str) -> str | None:
         values = self.headers.get(name)
@@ -117,9 +124,20 @@ class Authenticator:
             settings.token_file.read_text().strip().encode() if settings.token_file else None
         )
         self._reviews = _TtlCache(settings.authz_cache_ttl)
+        # Bounded: a flood of distinct bad tokens evicts old refusals, not good users.
+        self._refused: TTLCache[str, bool] | None = (
+            TTLCache(maxsize=4096, ttl=settings.token_failure_ttl)
+            if settings.token_failure_ttl > 0
+            else None
+        )
+        self._refused_lock = threading.Lock()
 
     def authenticate(self, caller: CallerContext) -> Identity:
         if caller.listener == "unix":
+            if caller.peer_uid not in (0, os.geteuid()):
+                raise Unauthorized(
+                    f"the unix socket serves root only; this caller runs as uid {caller.peer_uid}"
+                )
             return Identity(UserInfo("system:node-local:root", ["system:masters"]), "unix", True)
         if any(name.startswith("x-remote-") for name in caller.headers):
             return self._front_proxy(caller)
@@ -163,17 +181,62 @@ class Authenticator:
         key = hashlib.sha256(token.encode()).hexdigest()
         user = self._reviews.get(key)
         if user is None:
+            if self._was_refused(key):
+                raise Unauthorized("the bearer token is not valid for this audience")
             user = self.kube.token_review(token, self.settings.token_audiences)
             if user is None:
+                self._refuse(key)
                 raise Unauthorized("the bearer token is not valid for this audience")
             self._reviews.put(key, user)
         asserted = caller.first(ASSERT_USER)
         if asserted:
             if user.username != self.settings.agent_user:
                 raise Unauthorized("identity assertions are accepted only from the agents")
-            groups = list(caller.headers.get(ASSERT_GROUP, []))
-            return Identity(UserInfo(asserted, groups), "gateway")
+            return Identity(asserted_user(asserted, caller.headers), "gateway")
         return Identity(user, "token")
+
+    def _was_refused(self, key: str) -> bool:
+        if self._refused is None:
+            return False
+        with self._refused_lock:
+            return key in self._refused
+
+    def _refuse(self, key: str) -> None:
+        if self._refused is not None:
+            with self._refused_lock:
+                self._refused[key] = True
+
+
+def assertion_headers(user: UserInfo) -> list[tuple[str, str]]:
+    """The headers a forwarding agent asserts `user` with: everything a SAR takes.
+
+    Header names lose their case and cannot hold `/`, so extra keys are percent-encoded
+    with uppercase letters escaped too (`%41`); values are percent-encoded.
+    """
+    headers = [(ASSERT_USER, user.username)]
+    headers += [(ASSERT_GROUP, group) for group in user.groups]
+    if user.uid:
+        headers.append((ASSERT_UID, user.uid))
+    for key, values in sorted(user.extra.items()):
+        name = ASSERT_EXTRA + _escape_key(key)
+        headers += [(name, quote(value, safe="")) for value in values]
+    return headers
+
+
+def asserted_user(username: str, headers: Mapping[str, list[str]]) -> UserInfo:
+    """The inverse of `assertion_headers`, on the receiving agent."""
+    extra = {
+        unquote(name[len(ASSERT_EXTRA) :]): [unquote(v) for v in values]
+        for name, values in headers.items()
+        if name.startswith(ASSERT_EXTRA)
+    }
+    uid = (headers.get(ASSERT_UID) or [""])[0]
+    return UserInfo(username, list(headers.get(ASSERT_GROUP, [])), uid, extra)
+
+
+def _escape_key(key: str) -> str:
+    safe = "abcdefghijklmnopqrstuvwxyz0123456789-._~"
+    return "".join(c if c in safe else "".join(f"%{b:02X}" for b in c.encode()) for c in key)
 
 
 class Authorizer:

@@ -11,7 +11,9 @@ from agent.gateway import Gateway
 from agent.service import NodeService
 
 PEER_CERT_KEY = "hotmount.peer_cert"
+PEER_UID_KEY = "hotmount.peer_uid"
 LISTENER_KEY = "hotmount.listener"
+IDENTITY_KEY = "hotmount.identity"  # set by agent/guard.py before the route runs
 
 
 def caller_context(request: Request) -> CallerContext:
@@ -23,12 +25,15 @@ def caller_context(request: Request) -> CallerContext:
         headers=headers,
         listener=scope.get(LISTENER_KEY, "tcp"),
         peer_cert=scope.get(PEER_CERT_KEY),
+        peer_uid=scope.get(PEER_UID_KEY),
     )
 
 
 def _identity(request: Request) -> Identity:
-    authenticator: Authenticator = request.app.state.authenticator
-    identity = authenticator.authenticate(caller_context(request))
+    identity: Identity | None = request.scope.get(IDENTITY_KEY)
+    if identity is None:  # an app without the guard: authenticate here
+        authenticator: Authenticator = request.app.state.authenticator
+        identity = authenticator.authenticate(caller_context(request))
     request.state.user = identity.name
     return identity
 

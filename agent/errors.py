@@ -8,7 +8,9 @@
     ├── PodNotRunning       409
     ├── AllocatedToPod      409  the kubelet gave the device to another running pod
     ├── Unschedulable       409  the holder pod found no room
+    ├── TooLarge            413  the request body is over the cap
     ├── NotOnThisNode       421  the pod lives elsewhere (the gateway forwards it)
+    ├── TooManyRequests     429  every slot for this kind of call is taken (Retry-After)
     ├── NotReady            503
     ├── UpstreamError       502  Kubernetes, the kubelet or another agent failed
     └── Timeout             504
@@ -60,6 +62,18 @@ class AllocatedToPod(ApiError):
 
 class Unschedulable(ApiError):
     code, reason = 409, "Unschedulable"
+
+
+class TooLarge(ApiError):
+    code, reason = 413, "RequestEntityTooLarge"
+
+
+class TooManyRequests(ApiError):
+    code, reason = 429, "TooManyRequests"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, {"retryAfterSeconds": retry_after})
+        self.retry_after = retry_after
 
 
 class NotOnThisNode(ApiError):

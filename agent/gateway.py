@@ -2,8 +2,10 @@
 
 A platform can then call one Service name. The forwarding agent authenticates
 with its own ServiceAccount token and asserts the original user in
-`X-Hotmount-User`/`-Group`; the receiving agent accepts such assertions only from
-the agents' ServiceAccount and authorizes the asserted user itself. A request
+`X-Hotmount-User`/`-Group`/`-Uid`/`-Extra-*` (everything a SubjectAccessReview takes);
+the receiving agent accepts such assertions only from the agents' ServiceAccount and
+authorizes the asserted user itself. Every call has a timeout: a hung agent costs
+the caller `agent_timeout`, never a worker for good. A request
 that was already forwarded is never forwarded again (no loops), and node-local
 root callers (the unix socket) act on their own node only.
 """
@@ -16,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from agent.auth import ASSERT_GROUP, ASSERT_USER, Identity
+from agent.auth import Identity, assertion_headers
 from agent.config import AgentSettings
 from agent.errors import Forbidden, NotOnThisNode, UpstreamError
 from agent.kube.client import KubeClient, PodInfo
@@ -33,7 +35,11 @@ class Gateway:
         verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=str(settings.agent_ca)) if settings.agent_ca else True
         )
-        self._http = httpx.Client(verify=verify, timeout=settings.holder_timeout + 30)
+        # The other agent may itself wait for a holder pod: give it that long and more.
+        answer = settings.agent_timeout or settings.holder_timeout + 30
+        self._http = httpx.Client(
+            verify=verify, timeout=httpx.Timeout(answer, connect=min(answer, 5.0))
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -97,8 +103,7 @@ class Gateway:
             raise UpstreamError("this agent has no ServiceAccount token to forward with")
         port = agent.ports.get("https") or agent.ports.get("http") or self.settings.agent_port
         url = f"{self.settings.agent_scheme}://{agent.pod_ip}:{port}{path}"
-        headers = [("authorization", f"Bearer {token}"), (ASSERT_USER, caller.name)]
-        headers += [(ASSERT_GROUP, group) for group in caller.user.groups]
+        headers = [("authorization", f"Bearer {token}"), *assertion_headers(caller.user)]
         if local_only:
             headers.append((LOCAL_ONLY, "1"))
         log.info("forwarding %s %s for %s to %s", method, path, caller.name, agent.node_name)

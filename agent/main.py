@@ -23,6 +23,7 @@ from agent.auth import Authenticator, Authorizer, FrontProxyTrust
 from agent.config import AgentSettings, load_settings
 from agent.errors import ApiError, UpstreamError, status_of
 from agent.gateway import Gateway
+from agent.guard import Guard, Limits
 from agent.kube.client import KubeClient
 from agent.metrics import Metrics
 from agent.podresources import PodResourcesClient
@@ -76,7 +77,7 @@ def create_app(
     engine = engine or engine_from(settings)
     gateway = None
     if settings.kubernetes:
-        kube = kube or KubeClient.from_config(settings.kubeconfig)
+        kube = kube or KubeClient.from_config(settings.kubeconfig, settings.kube_timeout)
         if podresources is None and settings.podresources_socket.exists():
             podresources = PodResourcesClient(str(settings.podresources_socket))
         gateway = Gateway(settings, kube)
@@ -103,7 +104,9 @@ def create_app(
     else:
         app.include_router(containers.router)
     _install_error_handlers(app)
-    app.add_middleware(logs.RequestIdMiddleware)
+    limits = Limits(settings.max_body_bytes, settings.max_requests, settings.max_mutating)
+    app.add_middleware(Guard, authenticator=app.state.authenticator, limits=limits)
+    app.add_middleware(logs.RequestIdMiddleware)  # outermost: logs the guard's refusals too
     return app
 
 
@@ -173,7 +176,11 @@ class Reconciler:
 
 async def _run(settings: AgentSettings) -> None:
     engine = engine_from(settings)
-    kube = KubeClient.from_config(settings.kubeconfig) if settings.kubernetes else None
+    kube = (
+        KubeClient.from_config(settings.kubeconfig, settings.kube_timeout)
+        if settings.kubernetes
+        else None
+    )
     front_proxy, client_ca = None, None
     if kube is not None and settings.tls_cert:
         client_ca = settings.state_dir / "requestheader-ca.crt"

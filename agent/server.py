@@ -3,8 +3,13 @@
 uvicorn does not hand the TLS peer certificate to the app, and the aggregated
 API needs it (X-Remote-* headers are trusted only from the front proxy). So the
 TCP listener uses a small H11 protocol subclass that puts the *verified* peer
-certificate into the ASGI scope. The unix socket is made root-only (0600)
-before the first request can arrive, and its requests are marked as such.
+certificate into the ASGI scope.
+
+The unix socket is root-only from birth: it is bound inside a fresh 0700 directory,
+made 0600 there, and only then renamed into place (`unix_listener`), so there is no
+moment between bind and chmod when another user could connect. Every connection's
+peer uid (SO_PEERCRED) also goes into the scope, and the authenticator refuses any
+peer but root: a socket made world-writable by hand still serves root only.
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import ssl
+import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +29,27 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from agent.deps import LISTENER_KEY, PEER_CERT_KEY
+from agent.deps import LISTENER_KEY, PEER_CERT_KEY, PEER_UID_KEY
 
 
 class _Marked:
-    """Tags each request with its listener and the connection's peer certificate."""
+    """Tags each request with its listener and the connection's peer certificate or uid."""
 
-    def __init__(self, app: ASGIApp, listener: str, peer_cert: dict[str, Any] | None) -> None:
-        self.app, self.listener, self.peer_cert = app, listener, peer_cert
+    def __init__(
+        self,
+        app: ASGIApp,
+        listener: str,
+        peer_cert: dict[str, Any] | None,
+        peer_uid: int | None = None,
+    ) -> None:
+        self.app, self.listener, self.peer_cert, self.peer_uid = app, listener, peer_cert, peer_uid
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[LISTENER_KEY] = self.listener
         if self.peer_cert:
             scope[PEER_CERT_KEY] = self.peer_cert
+        if self.peer_uid is not None:
+            scope[PEER_UID_KEY] = self.peer_uid
         await self.app(scope, receive, send)
 
 
@@ -58,17 +74,58 @@ class PeerCertProtocol(H11Protocol):
 class UnixProtocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.app = _Marked(self.app, "unix", None)
+        self.app = _Marked(self.app, "unix", None, peer_uid(transport.get_extra_info("socket")))
+
+
+def peer_uid(sock: Any) -> int:
+    """The connecting process's uid as the kernel recorded it at connect() (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def bind_private(path: Path) -> tuple[socket.socket, Path]:
+    """A socket bound inside a fresh 0700 directory beside `path`, made 0600 there.
+
+    Nobody but root can reach it yet: the directory shuts everyone else out while the
+    socket's own mode is still the umask's. `publish` then moves it into place.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    staging = Path(tempfile.mkdtemp(prefix=".", dir=path.parent))  # mode 0700
+    staged = staging / "s"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(staged))
+        os.chmod(staged, 0o600)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        with contextlib.suppress(OSError):
+            staged.unlink()
+        staging.rmdir()
+        raise
+    return sock, staged
+
+
+def publish(staged: Path, path: Path) -> None:
+    """Rename the socket into place (atomically replacing a stale one); drop its staging dir."""
+    os.rename(staged, path)
+    staged.parent.rmdir()
+
+
+def unix_listener(path: Path) -> socket.socket:
+    sock, staged = bind_private(path)
+    try:
+        publish(staged, path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _config(app: ASGIApp, address: str, tls: dict[str, Any]) -> uvicorn.Config:
     common: dict[str, Any] = {"log_config": None, "access_log": False, "lifespan": "off"}
     if address.startswith("unix:"):
-        path = address[5:]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return uvicorn.Config(app, uds=path, http=UnixProtocol, **common)
+        return uvicorn.Config(app, http=UnixProtocol, **common)
     host, _, port = address.rpartition(":")
     return uvicorn.Config(
         app, host=host.strip("[]"), port=int(port), http=PeerCertProtocol, **tls, **common
@@ -82,18 +139,13 @@ class _Server(uvicorn.Server):
 
 async def serve(app: Any, listen: list[str], tls: dict[str, Any]) -> None:
     servers = [_Server(_config(app, address, tls)) for address in listen]
-    old_umask = os.umask(0o177)  # sockets are born 0600
-    try:
-        tasks = [asyncio.create_task(server.serve()) for server in servers]
-        while not all(server.started for server in servers):
-            if any(task.done() for task in tasks):
-                break
-            await asyncio.sleep(0.01)
-    finally:
-        os.umask(old_umask)
-    for address in listen:
+    tasks = []
+    for server, address in zip(servers, listen, strict=True):
         if address.startswith("unix:"):
-            os.chmod(address[5:], 0o600)
+            sockets = [unix_listener(Path(address[5:]))]
+            tasks.append(asyncio.create_task(server.serve(sockets=sockets)))
+        else:
+            tasks.append(asyncio.create_task(server.serve()))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

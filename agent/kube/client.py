@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -99,6 +100,43 @@ def _pod_info(pod: client.V1Pod) -> PodInfo:
     )
 
 
+class TimedApiClient(client.ApiClient):
+    """An ApiClient on which no call waits forever.
+
+    Each call gets `timeout` unless it names its own, and one that gets no answer
+    (timeout, refused or reset connection) raises ApiException with status 0, as
+    the client itself does for TLS failures: every `except ApiException` in this
+    module then covers it, including calls added later. Read timeouts are not
+    retried (urllib3 would try a GET four times).
+    """
+
+    def __init__(self, configuration: client.Configuration, timeout: float) -> None:
+        configuration.retries = urllib3.Retry(total=2, read=False)
+        super().__init__(configuration)
+        self.timeout = timeout
+
+    def call_api(
+        self,
+        method: Any,
+        url: Any,
+        header_params: Any = None,
+        body: Any = None,
+        post_params: Any = None,
+        _request_timeout: Any = None,
+    ) -> Any:
+        try:
+            return super().call_api(
+                method,
+                url,
+                header_params,
+                body,
+                post_params,
+                _request_timeout=_request_timeout or self.timeout,
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiException(status=0, reason=f"no answer from the API server: {exc}") from exc
+
+
 class KubeClient:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api = api_client
@@ -107,13 +145,13 @@ class KubeClient:
         self.authz = client.AuthorizationV1Api(api_client)
 
     @classmethod
-    def from_config(cls, kubeconfig: Path | None) -> KubeClient:
+    def from_config(cls, kubeconfig: Path | None, timeout: float = 10.0) -> KubeClient:
         configuration = client.Configuration()
         if kubeconfig is not None:
             config.load_kube_config(str(kubeconfig), client_configuration=configuration)
         else:
             config.load_incluster_config(client_configuration=configuration)
-        return cls(client.ApiClient(configuration))
+        return cls(TimedApiClient(configuration, timeout))
 
     def close(self) -> None:
         self.api.close()
@@ -271,4 +309,6 @@ class KubeClient:
 def _upstream(exc: ApiException, what: str) -> Exception:
     if exc.status == 403:
         return Forbidden(f"{what}: the agent's service account is not allowed ({exc.reason})")
+    if not exc.status:  # no HTTP answer at all (see TimedApiClient)
+        return UpstreamError(f"{what}: {exc.reason}")
     return UpstreamError(f"{what}: {exc.status} {exc.reason}")

@@ -1,9 +1,16 @@
-"""Liveness, readiness and metrics: unauthenticated, read-only, no device data."""
+"""Liveness, readiness and metrics: unauthenticated, read-only, no device data.
+
+The probes are `async` and never queue for the worker threads that mounts, holder
+waits and forwarded calls occupy: the kubelet must not restart a busy agent. The
+readiness ping to the API server runs on threads of its own, with a timeout.
+"""
 
 from __future__ import annotations
 
 import time
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -12,15 +19,16 @@ from agent.errors import NotReady, UpstreamError
 
 router = APIRouter(tags=["health"])
 _KUBE_CHECK_SECONDS = 5.0
+_PROBE_THREADS = anyio.CapacityLimiter(2)  # apart from the default pool the routes use
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
 @router.get("/readyz")
-def readyz(request: Request) -> dict[str, str]:
+async def readyz(request: Request) -> dict[str, str]:
     """Ready: inventory loaded, cgroup mode detected, Kubernetes reachable when enabled."""
     state = request.app.state
     engine = state.service.engine
@@ -31,7 +39,7 @@ def readyz(request: Request) -> dict[str, str]:
         checked = getattr(state, "kube_checked", 0.0)
         if time.monotonic() - checked > _KUBE_CHECK_SECONDS:
             try:
-                kube.ping()
+                await anyio.to_thread.run_sync(kube.ping, limiter=_PROBE_THREADS)
             except UpstreamError as exc:
                 raise NotReady(exc.message) from exc
             state.kube_checked = time.monotonic()

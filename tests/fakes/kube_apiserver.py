@@ -13,6 +13,9 @@ What it serves, and why each piece exists (see DESIGN.md, "Kubernetes" and
 - a scheduler and kubelet stand-in for holder pods: extended-resource requests
   get device IDs from a per-node pool, recorded in an attached fake PodResources
   server, and are freed on deletion;
+- knobs for attacks: ``stall()`` holds matching requests unanswered (a slow or hung
+  API server, on the real wire) until released; ``reviews()`` lists the TokenReview
+  and SubjectAccessReview bodies received, to count them or read what was asked;
 - the aggregated-API front proxy for ``/apis/hotmount.io/``: forwards with
   ``X-Remote-User``/``X-Remote-Group``/``X-Remote-Extra-*`` over TLS presenting a
   front-proxy client certificate, with ``Authorization`` stripped.
@@ -202,6 +205,43 @@ class FrontProxy:
     client: CertPaths
     backend_ca: Path
     allowed_names: tuple[str, ...] = ("front-proxy-client",)
+
+
+class Stall:
+    """Requests matching (verb, api_group, resource) wait unanswered until `release()`.
+
+    ``arrived`` counts them; ``wait_arrived(n)`` lets a test know that ``n`` callers are
+    now stuck, without sleeping.
+    """
+
+    def __init__(self, verb: str = "*", api_group: str = "", resource: str = "*") -> None:
+        self.verb, self.api_group, self.resource = verb, api_group, resource
+        self.arrived = 0
+        self._released = False
+        self._cond = threading.Condition()
+
+    def matches(self, req: Attributes) -> bool:
+        return (
+            req.is_resource
+            and self.verb in ("*", req.verb)
+            and self.api_group in ("*", req.api_group)
+            and self.resource in ("*", req.resource)
+        )
+
+    def hold(self) -> None:
+        with self._cond:
+            self.arrived += 1
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._released)
+
+    def wait_arrived(self, count: int, timeout: float = 30.0) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.arrived >= count, timeout)
+
+    def release(self) -> None:
+        with self._cond:
+            self._released = True
+            self._cond.notify_all()
 
 
 @dataclass(frozen=True)
@@ -425,7 +465,7 @@ class FakeKubeApiServer:
         self._tokens[admin_token] = TokenInfo(
             "kubernetes-admin", ("system:masters",), self.api_audiences
         )
-        self._rules: list[AccessRule] = list(rules)
+        self._rules: list[AccessRule] = [*_PUBLIC_INFO, *rules]
         self._store: dict[str, dict[tuple[str, str], Obj]] = {r: {} for r in _CORE}
         self._pools: dict[str, list[str]] = {n: list(ids) for n, ids in (nodes or {}).items()}
         self._used: dict[str, dict[str, tuple[str, str]]] = {n: {} for n in self._pools}
@@ -433,6 +473,8 @@ class FakeKubeApiServer:
         self._rv = itertools.count(1)
         self._ips = itertools.count(2)
         self._timers: list[threading.Timer] = []
+        self._stalls: list[Stall] = []
+        self._reviews: list[tuple[str, Obj]] = []
         self._front_proxy: FrontProxy | None = None
         self._proxy_client: httpx.Client | None = None
         self._server: _Server | None = None
@@ -476,6 +518,9 @@ class FakeKubeApiServer:
     def stop(self) -> None:
         with self._lock:
             timers, self._timers = self._timers, []
+            stalls, self._stalls = self._stalls, []
+        for stall in stalls:  # else stopping would wait on their handler threads
+            stall.release()
         for timer in timers:
             timer.cancel()
         for timer in timers:
@@ -589,6 +634,18 @@ class FakeKubeApiServer:
         )
         with self._lock:
             self._tokens[token] = info
+
+    def stall(self, verb: str = "*", api_group: str = "", resource: str = "*") -> Stall:
+        """From now on, hold matching requests unanswered until the Stall is released."""
+        stall = Stall(verb, api_group, resource)
+        with self._lock:
+            self._stalls.append(stall)
+        return stall
+
+    def reviews(self, kind: str) -> list[Obj]:
+        """The bodies of the ``TokenReview`` or ``SubjectAccessReview`` requests received."""
+        with self._lock:
+            return [copy.deepcopy(body) for k, body in self._reviews if k == kind]
 
     def allow(self, rule: AccessRule) -> None:
         with self._lock:
@@ -763,6 +820,10 @@ class FakeKubeApiServer:
         )
         if req.api_group == PROXY_GROUP:
             return self._proxy(h, user, req, raw)
+        with self._lock:
+            stalls = [s for s in self._stalls if s.matches(req)]
+        for stall in stalls:
+            stall.hold()
         self._authorize_or_raise(req)
         body: Obj = {}
         if raw:
@@ -777,15 +838,21 @@ class FakeKubeApiServer:
         self, req: Attributes, version: str, query: Mapping[str, list[str]], body: Obj
     ) -> tuple[int, Obj]:
         not_found = ApiError(404, "NotFound", "the server could not find the requested resource")
+        if not req.is_resource and req.path.rstrip("/") == "/version" and req.verb == "get":
+            return 200, _VERSION
         if not req.is_resource or version != "v1" or req.subresource:
             raise not_found
         if req.api_group == "authentication.k8s.io" and req.resource == "tokenreviews":
             if req.verb != "create" or req.name:
                 raise _method_not_allowed()
+            with self._lock:
+                self._reviews.append(("TokenReview", body))
             return 201, self._token_review(body)
         if req.api_group == "authorization.k8s.io" and req.resource == "subjectaccessreviews":
             if req.verb != "create" or req.name:
                 raise _method_not_allowed()
+            with self._lock:
+                self._reviews.append(("SubjectAccessReview", body))
             return 201, self._subject_access_review(body)
         if req.api_group != "" or req.resource not in _CORE:
             raise not_found
@@ -1256,6 +1323,25 @@ def _pinned_hosts(spec: Obj) -> set[str] | None:
     if allowed:
         hosts = allowed if hosts is None else hosts & allowed
     return hosts
+
+
+_VERSION: Obj = {  # version.Info: every field, as kube-apiserver answers /version
+    "major": "1",
+    "minor": "30",
+    "gitVersion": "v1.30.0-fake",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "go1.22.0",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+# RBAC's bootstrap ClusterRole system:public-info-viewer, bound to every caller.
+_PUBLIC_INFO = tuple(
+    AccessRule(group=group, verb="get", resource=path)
+    for group in (AUTHENTICATED, "system:unauthenticated")
+    for path in ("/healthz", "/livez", "/readyz", "/version", "/version/")
+)
 
 
 def _method_not_allowed() -> ApiError:

@@ -1,0 +1,149 @@
+"""The agent's front door, as ASGI middleware: who calls, how much they send, how many at once.
+
+It runs before routing, so FastAPI never reads, buffers or validates a body for a
+caller it does not know, and a busy agent still answers its probes:
+
+1. authenticate (401, whatever the body; the identity goes into the scope for the routes);
+2. cap the body: a Content-Length over `max_body` is 413 at once; a streamed (chunked)
+   body is counted as it arrives and answered 413 as soon as it passes the cap;
+3. bound concurrency: at most `max_requests` API calls and `max_mutating` mutating ones
+   (anything but GET/HEAD/OPTIONS) at once; past either bound, 429 with Retry-After.
+
+Probes, metrics and the OpenAPI document are public and skip all three: the kubelet's
+probes must answer however many workers are tied up in slow mounts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import anyio.to_thread
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent.auth import Authenticator
+from agent.deps import IDENTITY_KEY, caller_context
+from agent.errors import ApiError, BadRequest, TooLarge, TooManyRequests, status_of
+
+log = logging.getLogger("hotmount.agent")
+PUBLIC_PATHS = frozenset(
+    {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+RETRY_AFTER_SECONDS = 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body: int = 65536
+    max_requests: int = 32
+    max_mutating: int = 8
+
+
+class _BodyTooLarge(HTTPException):
+    """Raised from `receive` mid-body; FastAPI passes HTTPExceptions through untouched."""
+
+    def __init__(self) -> None:
+        super().__init__(413)
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, authenticator: Authenticator, limits: Limits) -> None:
+        self.app, self.authenticator, self.limits = app, authenticator, limits
+        self.requests = 0  # in flight; touched only on the event loop, so no lock
+        self.mutating = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        try:
+            identity = await anyio.to_thread.run_sync(
+                self.authenticator.authenticate, caller_context(Request(scope))
+            )
+            scope[IDENTITY_KEY] = identity
+            scope.setdefault("state", {})["user"] = identity.name
+            self._check_length(scope)
+            mutating = scope["method"] not in SAFE_METHODS
+            self._check_slots(mutating)
+        except ApiError as exc:
+            await _answer(exc, scope, receive, send)
+            return
+        self.requests += 1
+        self.mutating += mutating
+        try:
+            await self._bounded(scope, receive, send)
+        finally:
+            self.requests -= 1
+            self.mutating -= mutating
+
+    def _check_length(self, scope: Scope) -> None:
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    raise BadRequest("Content-Length is not a number") from None
+                if length > self.limits.max_body:
+                    raise self._too_large()
+
+    def _check_slots(self, mutating: bool) -> None:
+        if self.requests >= self.limits.max_requests:
+            raise TooManyRequests(
+                f"the agent is serving {self.requests} calls, its limit; retry shortly",
+                RETRY_AFTER_SECONDS,
+            )
+        if mutating and self.mutating >= self.limits.max_mutating:
+            raise TooManyRequests(
+                f"the agent is serving {self.mutating} mounts, unmounts or moves, its limit; "
+                "retry shortly",
+                RETRY_AFTER_SECONDS,
+            )
+
+    def _too_large(self) -> TooLarge:
+        return TooLarge(f"the request body is over {self.limits.max_body} bytes")
+
+    async def _bounded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app with a receive that stops at the cap; then whatever the app
+        made of the cut-off body is dropped and the caller gets 413."""
+        received, over, started = 0, False, False
+
+        async def counted() -> Message:
+            nonlocal received, over
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limits.max_body:
+                    over = True
+                    raise _BodyTooLarge()
+            return message
+
+        async def guarded(message: Message) -> None:
+            nonlocal started
+            if over:
+                return
+            started = True
+            await send(message)
+
+        with contextlib.suppress(_BodyTooLarge):  # raised by `counted`, answered below
+            await self.app(scope, counted, guarded)
+        if over and not started:
+            await _answer(self._too_large(), scope, receive, send)
+
+
+async def _answer(exc: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+    status = status_of(exc)
+    log.info("refused %s %s: %s %s", scope["method"], scope["path"], status.code, status.message)
+    headers = {}
+    if isinstance(exc, TooManyRequests):
+        headers["retry-after"] = str(exc.retry_after)
+    response = JSONResponse(
+        status.model_dump(by_alias=True, exclude_none=True),
+        status_code=status.code,
+        headers=headers,
+    )
+    await response(scope, receive, send)

@@ -1,0 +1,262 @@
+"""The agent under hostile callers, through real agent processes and the fake API server.
+
+- authentication comes before the body: 401 whatever is sent, however much;
+- bodies over the cap get 413 without being read to the end (Content-Length or chunked);
+- probes answer while every worker is stuck on a hung API server;
+- mutating calls past their bound, and calls past the overall bound, get 429 + Retry-After;
+- a Kubernetes call that gets no answer times out (502), never holds a worker for good;
+- a refused token is not sent to TokenReview again and again;
+- forwarded calls carry the caller's uid and extras into the other agent's SAR.
+
+Raw sockets send what httpx would not: a Content-Length promising a gigabyte, or a
+chunked body that never ends. Each exchange has a socket timeout only so that a
+regression fails instead of hanging; no assertion depends on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.agent.conftest import ALICE, Cluster
+from tests.agent.test_auth import assert_status
+from tests.fakes.kube_apiserver import Stall
+from tests.support.agent import AgentProcess, pod_manifest
+
+pytestmark = pytest.mark.kernel
+MOUNT = "/v1/namespaces/default/pods/nb/devices"
+CAP = 65536
+STUCK = ["--kube-timeout", "600"]  # stalled calls stay stuck until the test releases them
+
+
+def exchange(
+    agent: AgentProcess, head: str, parts: Iterable[bytes] = ()
+) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """Send a request head and some body parts (maybe not all the body); read the answer."""
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=30) as sock:
+        sock.sendall(head.replace("\n", "\r\n").encode() + b"\r\n")
+        for part in parts:
+            sock.sendall(part)
+        reader = sock.makefile("rb")
+        status = int(reader.readline().split()[1])
+        headers = {}
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = json.loads(reader.read(int(headers["content-length"])))
+    return status, headers, body
+
+
+def head(path: str, token: str | None, *fields: str) -> str:
+    lines = [f"POST {path} HTTP/1.1", "Host: agent", "Content-Type: application/json", *fields]
+    if token:
+        lines.append(f"Authorization: Bearer {token}")
+    return "\n".join(lines) + "\n"
+
+
+def chunks(total: int, size: int = 8192) -> Iterator[bytes]:
+    """A chunked body of `total` bytes, never terminated (no final 0-chunk)."""
+    for _ in range(total // size):
+        yield f"{size:x}\r\n".encode() + b" " * size + b"\r\n"
+
+
+@contextmanager
+def in_flight(
+    agent: AgentProcess, stall: Stall, count: int, method: str = "POST"
+) -> Iterator[list]:
+    """`count` calls to MOUNT stuck in the agent (on `stall`) for the duration of the block."""
+    answers: list[httpx.Response | Exception] = []
+
+    def call() -> None:
+        try:
+            with agent.client(ALICE) as api:
+                answers.append(api.request(method, MOUNT, json={"devices": ["0"]}))
+        except httpx.HTTPError as exc:
+            answers.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield answers
+    finally:
+        stall.release()
+        for thread in threads:
+            thread.join()
+
+
+# -- authentication before the body -----------------------------------------------------------
+
+
+def test_unauthenticated_calls_get_401_whatever_the_body(cluster: Cluster) -> None:
+    agent = cluster.agent()
+    with agent.client() as anonymous:
+        for content in (b"{not json", b'{"devices": 7}', b"", b" " * (CAP + 1)):
+            answer = anonymous.post(
+                MOUNT, content=content, headers={"content-type": "application/json"}
+            )
+            assert_status(answer, 401, "Unauthorized")
+    with agent.client("no-such-token") as stranger:
+        assert_status(stranger.post(MOUNT, content=b"{not json"), 401, "Unauthorized")
+
+    # A gigabyte promised, a kilobyte sent: the answer comes without waiting for the rest.
+    gigabyte = "Content-Length: 1073741824"
+    for token in (None, "no-such-token"):
+        status, _, body = exchange(agent, head(MOUNT, token, gigabyte), [b"{" * 1024])
+        assert (status, body["reason"]) == (401, "Unauthorized")
+    status, _, body = exchange(
+        agent, head(MOUNT, None, "Transfer-Encoding: chunked"), chunks(CAP * 2)
+    )
+    assert (status, body["reason"]) == (401, "Unauthorized")
+
+
+# -- the body cap -----------------------------------------------------------------------------
+
+
+def test_bodies_over_the_cap_get_413_without_being_read_whole(cluster: Cluster) -> None:
+    agent = cluster.agent()
+
+    status, _, body = exchange(agent, head(MOUNT, ALICE, "Content-Length: 1073741824"), [b"{"])
+    assert (status, body["reason"]) == (413, "RequestEntityTooLarge")
+    assert str(CAP) in body["message"]
+
+    # chunked: counted as it arrives, answered while the body has not ended
+    status, _, body = exchange(
+        agent, head(MOUNT, ALICE, "Transfer-Encoding: chunked"), chunks(CAP + 16384)
+    )
+    assert (status, body["reason"]) == (413, "RequestEntityTooLarge")
+
+    with agent.client(ALICE) as alice:
+        over = alice.post(MOUNT, content=b" " * (CAP + 1))
+        assert_status(over, 413, "RequestEntityTooLarge")
+        # exactly at the cap: read, parsed and served (the pod does not exist)
+        document = b'{"devices": ["0"]}'
+        at_cap = alice.post(
+            "/v1/namespaces/default/pods/ghost/devices",
+            content=document + b" " * (CAP - len(document)),
+            headers={"content-type": "application/json"},
+        )
+        assert at_cap.status_code == 404, at_cap.text
+        assert at_cap.json()["reason"] == "PodNotFound"
+
+
+# -- health and bounded concurrency -----------------------------------------------------------
+
+
+def test_probes_answer_while_every_worker_is_stuck(cluster: Cluster) -> None:
+    """45 mounts hang on a stalled API server: more than the agent has worker threads (40)."""
+    cluster.kube.put_pod(pod_manifest("nb", None))
+    agent = cluster.agent(extra=[*STUCK, "--max-mutating", "64", "--max-requests", "64"])
+    stall = cluster.kube.stall(verb="get", resource="pods")
+    with in_flight(agent, stall, 45):
+        assert stall.wait_arrived(40), f"only {stall.arrived} calls reached the API server"
+        with httpx.Client(base_url=agent.url, timeout=30) as probe:
+            assert probe.get("/healthz").status_code == 200
+            ready = probe.get("/readyz")
+            assert ready.status_code == 200, ready.text
+
+
+def test_mutating_calls_past_the_bound_get_429(cluster: Cluster) -> None:
+    cluster.kube.put_pod(pod_manifest("nb", None))
+    agent = cluster.agent(extra=[*STUCK, "--max-mutating", "2"])
+    stall = cluster.kube.stall(verb="get", resource="pods")
+    with in_flight(agent, stall, 2):
+        assert stall.wait_arrived(2)
+        with agent.client(ALICE) as alice:
+            for extra_call in (
+                alice.post(MOUNT, json={"devices": ["1"]}),
+                alice.delete(f"{MOUNT}/0"),
+            ):
+                refused = assert_status(extra_call, 429, "TooManyRequests")
+                assert extra_call.headers["retry-after"] == "1"
+                assert refused["details"]["retryAfterSeconds"] == 1
+            listed = alice.get("/v1/devices")  # reads are not mutating work
+            assert listed.status_code == 200, listed.text
+        with httpx.Client(base_url=agent.url, timeout=30) as probe:
+            assert probe.get("/healthz").status_code == 200
+            assert probe.get("/readyz").status_code == 200
+    with agent.client(ALICE) as alice:  # the slots are free again
+        after = alice.post(MOUNT, json={"devices": ["1"]})
+        assert after.status_code != 429, after.text
+
+
+def test_calls_past_the_overall_bound_get_429(cluster: Cluster) -> None:
+    cluster.kube.put_pod(pod_manifest("nb", None))
+    agent = cluster.agent(extra=[*STUCK, "--max-requests", "2"])
+    stall = cluster.kube.stall(verb="get", resource="pods")
+    with in_flight(agent, stall, 2, method="GET"):
+        assert stall.wait_arrived(2)
+        with agent.client(ALICE) as alice:
+            refused = alice.get("/v1/devices")
+            assert_status(refused, 429, "TooManyRequests")
+            assert refused.headers["retry-after"] == "1"
+        with httpx.Client(base_url=agent.url, timeout=30) as probe:
+            assert probe.get("/healthz").status_code == 200
+
+
+# -- timeouts and the TokenReview flood -------------------------------------------------------
+
+
+def test_a_hung_api_server_costs_a_timeout_not_a_worker(cluster: Cluster) -> None:
+    cluster.kube.put_pod(pod_manifest("nb", None))
+    agent = cluster.agent(extra=["--kube-timeout", "1"])
+    stall = cluster.kube.stall(verb="get", resource="pods")
+    try:
+        with agent.client(ALICE) as alice:
+            answer = alice.post(MOUNT, json={"devices": ["0"]})
+        body = assert_status(answer, 502, "UpstreamError")
+        assert "reading pod default/nb" in body["message"]
+        assert stall.arrived == 1  # a read timeout is not retried
+    finally:
+        stall.release()
+
+
+def test_a_refused_token_is_not_reviewed_again_and_again(cluster: Cluster) -> None:
+    agent = cluster.agent()
+
+    def reviews_of(token: str) -> int:
+        return sum(1 for r in cluster.kube.reviews("TokenReview") if r["spec"]["token"] == token)
+
+    with agent.client("bad-token") as flood:
+        for _ in range(50):
+            assert_status(flood.get("/v1/devices"), 401, "Unauthorized")
+    assert reviews_of("bad-token") == 1
+    with agent.client(ALICE) as alice:  # good callers are unaffected
+        assert alice.get("/v1/devices").status_code == 200
+
+
+# -- forwarding keeps the whole identity ------------------------------------------------------
+
+
+def test_forwarded_calls_carry_uid_and_extra_into_the_sar(cluster: Cluster) -> None:
+    extra = {
+        "authentication.kubernetes.io/pod-name": ["notebook-0"],
+        "Example.COM/Scopes": ["read write", "ünïcode/äll"],
+    }
+    cluster.kube.add_token("carol-token", "carol", ["ml"], uid="carol-uid-7", extra=extra)
+    container = cluster.pod("nb", node="node-b")
+    node_a, node_b = cluster.agent("node-a"), cluster.agent("node-b")
+
+    with node_a.client("carol-token") as carol:
+        mounted = carol.post(MOUNT, json={"devices": ["0"]})
+    assert mounted.status_code == 200, mounted.text
+    assert container.open_result("/dev/nvidia3") == "ENXIO"
+
+    reviews = [r["spec"] for r in cluster.kube.reviews("SubjectAccessReview")]
+    carols = [r for r in reviews if r["user"] == "carol"]
+    assert len(carols) >= 2  # node-a's own check, then node-b's for the asserted user
+    for review in carols:
+        assert review["uid"] == "carol-uid-7"
+        assert review["extra"] == extra
+        assert "ml" in review["groups"]
+    gateway = [
+        e for e in node_b.log.read_text().splitlines() if "allow user=carol via=gateway" in e
+    ]
+    assert gateway
