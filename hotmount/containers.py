@@ -280,13 +280,32 @@ def find_cgroup_dir(root: Path, container_id: str) -> Path | None:
 
 
 def _init_pid(host: HostRoot, pids: list[int]) -> int:
-    """The container's PID 1: the process whose innermost namespace PID is 1."""
+    """The container's first process.
+
+    In its own PID namespace that is the process whose innermost PID is 1. In a shared
+    one (`shareProcessNamespace`: PID 1 is the pod's pause process, in another cgroup)
+    it is the cgroup's oldest process by start time: everything else in the cgroup is
+    its descendant or an exec'd session (`kubectl exec`, probes), and started later.
+    Not the lowest PID: PIDs wrap (pid_max is 32768 on many nodes), so a later exec can
+    get a lower one. Not "the process whose parent is outside the cgroup" either: an
+    exec'd process's parent (runc, the shim) is outside too. Start times tie only within
+    one clock tick; a tie goes to a process whose parent is outside, then the lower PID.
+    """
+    oldest: tuple[int, bool, int] | None = None
+    members = set(pids)
     for pid in pids:
+        proc = host.proc / str(pid)
         try:
-            status = (host.proc / str(pid) / "status").read_text()
+            status = (proc / "status").read_text()
+            stat_fields = (proc / "stat").read_text().rpartition(")")[2].split()
         except OSError:
-            continue
+            continue  # exited meanwhile
         for line in status.splitlines():
             if line.startswith("NSpid:") and line.split()[-1] == "1":
                 return pid
-    return pids[0]
+        # stat after the command: state ppid ... starttime is field 22 (index 19 here).
+        parent, started = int(stat_fields[1]), int(stat_fields[19])
+        candidate = (started, parent in members, pid)
+        if oldest is None or candidate < oldest:
+            oldest = candidate
+    return oldest[2] if oldest is not None else pids[0]

@@ -371,26 +371,31 @@ class Engine:
             for path in record.devices[key].node_paths:
                 if path in record.nodes:
                     numbers.add((record.nodes[path].major, record.nodes[path].minor))
-        found = self._holders(container, targets, numbers)
-        if not found:
-            return []
-        if not force:
-            names = ", ".join(f"PID {h.pid} ({h.command}) holds {h.path}" for h in found)
-            raise DeviceBusy(f"the device is in use in container {container.key}: {names}", found)
-        stopped = usage.stop({h.pid for h in found}, self.config.stop_grace)
-        still = self._holders(container, targets, numbers)
+        # pidfds first, then the scan, then signals through the pidfds: a holder that
+        # exits meanwhile cannot pass its signal on to whoever gets its PID next.
+        with usage.Pinned.pin(container.pids) as pinned:
+            found = self._holders(pinned, targets, numbers)
+            if not found:
+                return []
+            if not force:
+                names = ", ".join(f"PID {h.pid} ({h.command}) holds {h.path}" for h in found)
+                raise DeviceBusy(
+                    f"the device is in use in container {container.key}: {names}", found
+                )
+            stopped = pinned.stop({h.pid for h in found}, self.config.stop_grace)
+        with usage.Pinned.pin(container.pids) as again:
+            still = self._holders(again, targets, numbers)
         if still:
             raise DeviceBusy("processes still hold the device after SIGKILL", still)
         return stopped
 
     def _holders(
-        self, container: Container, targets: list[str], numbers: set[tuple[int, int]]
+        self, pinned: usage.Pinned, targets: list[str], numbers: set[tuple[int, int]]
     ) -> list[Holder]:
-        pids = container.pids()
-        found = usage.holders(self.host.proc, pids, numbers)
+        found = pinned.holders(self.host.proc, numbers)
         uuids = [d.uuid for k in targets if (d := self.inventory.get(k)) and d.uuid]
         nvml = usage.nvml_pids(uuids) if self.config.use_nvml else set()
-        extra = (nvml & set(pids)) - {h.pid for h in found}
+        extra = (nvml & set(pinned.pids)) - {h.pid for h in found}
         found += [Holder(pid, usage.comm(self.host.proc, pid), "(NVML)") for pid in extra]
         return found
 

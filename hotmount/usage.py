@@ -13,7 +13,7 @@ import select
 import signal
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from hotmount.errors import Holder
@@ -83,33 +83,82 @@ def nvml_pids(uuids: Iterable[str]) -> set[int]:
     return pids
 
 
-def stop(pids: Iterable[int], grace: float) -> list[int]:
-    """SIGTERM, wait up to `grace` seconds, then SIGKILL; return the PIDs that were signalled.
+class Pinned:
+    """pidfds on a container's processes, taken before anything about them is read.
 
-    pidfds make the signals land on the very processes found, not on a reused PID.
+    Scanning `/proc/<pid>/fd` and then signalling by PID would let a process that exits
+    in between, its PID then reused by another process anywhere on the node, take the
+    signal. So the order is: open a pidfd for every PID in the cgroup, read the cgroup
+    again and keep the pidfds whose process is alive and still listed (while a process
+    lives, its PID cannot be reused, so that pidfd is the container's process); then
+    scan; then signal through the pidfds. A pidfd whose process has gone signals nothing.
     """
-    pidfds: dict[int, int] = {}
-    for pid in set(pids):
+
+    def __init__(self, pidfds: dict[int, int]) -> None:
+        self._pidfds = pidfds
+
+    @classmethod
+    def pin(cls, list_pids: Callable[[], Iterable[int]]) -> Pinned:
+        pidfds: dict[int, int] = {}
         try:
-            pidfds[pid] = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-    try:
-        for fd in pidfds.values():
-            _signal(fd, signal.SIGTERM)
-        remaining = _wait(pidfds, grace)
+            for pid in set(list_pids()):
+                with contextlib.suppress(ProcessLookupError):
+                    pidfds[pid] = os.pidfd_open(pid)
+            members = set(list_pids())
+        except BaseException:
+            for fd in pidfds.values():
+                os.close(fd)
+            raise
+        pinned = cls(pidfds)
+        for pid in [p for p in pidfds if p not in members or not pinned._alive(p)]:
+            os.close(pidfds.pop(pid))
+        return pinned
+
+    @property
+    def pids(self) -> list[int]:
+        return sorted(self._pidfds)
+
+    def holders(self, proc: Path, numbers: set[tuple[int, int]]) -> list[Holder]:
+        """`holders()` over the pinned processes, less those that exited meanwhile."""
+        found = holders(proc, self.pids, numbers)
+        return [h for h in found if self._alive(h.pid)]
+
+    def stop(self, pids: Iterable[int], grace: float) -> list[int]:
+        """SIGTERM, wait up to `grace` seconds, then SIGKILL, through the pidfds only.
+
+        Returns the PIDs that were signalled; a PID that was never pinned, or whose
+        process has exited, is not signalled (whoever holds that number now).
+        """
+        chosen = {pid: self._pidfds[pid] for pid in set(pids) if pid in self._pidfds}
+        signalled = [pid for pid, fd in chosen.items() if _signal(fd, signal.SIGTERM)]
+        remaining = _wait({pid: chosen[pid] for pid in signalled}, grace)
         for pid in remaining:
-            _signal(pidfds[pid], signal.SIGKILL)
-        _wait({pid: pidfds[pid] for pid in remaining}, 5.0)
-    finally:
-        for fd in pidfds.values():
+            _signal(chosen[pid], signal.SIGKILL)
+        _wait({pid: chosen[pid] for pid in remaining}, 5.0)
+        return sorted(signalled)
+
+    def _alive(self, pid: int) -> bool:
+        readable, _, _ = select.select([self._pidfds[pid]], [], [], 0)
+        return not readable
+
+    def close(self) -> None:
+        for fd in self._pidfds.values():
             os.close(fd)
-    return sorted(pidfds)
+        self._pidfds = {}
+
+    def __enter__(self) -> Pinned:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def _signal(pidfd: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
+def _signal(pidfd: int, signum: int) -> bool:
+    try:
         signal.pidfd_send_signal(pidfd, signum)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _wait(pidfds: dict[int, int], timeout: float) -> list[int]:

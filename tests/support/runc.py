@@ -66,9 +66,20 @@ def new_id() -> str:
 
 
 class RuncContainer:
-    """One running container; `mode` is "v1" or "v2"."""
+    """One running container; `mode` is "v1" or "v2".
 
-    def __init__(self, workdir: Path, rootfs: Path, mode: str, args: list[str] | None = None):
+    `share_pid_with`: join that container's PID namespace, as the containers of a
+    `shareProcessNamespace` pod join their pause container's.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        rootfs: Path,
+        mode: str,
+        args: list[str] | None = None,
+        share_pid_with: RuncContainer | None = None,
+    ):
         self.mode = mode
         self.id = new_id()
         self.bundle = workdir / f"bundle-{self.id[:12]}"
@@ -79,6 +90,10 @@ class RuncContainer:
         config["process"]["terminal"] = False
         config["process"]["args"] = args or ["sleep", "100000"]
         config["root"] = {"path": str(rootfs), "readonly": False}
+        if share_pid_with is not None:
+            for namespace in config["linux"]["namespaces"]:
+                if namespace["type"] == "pid":
+                    namespace["path"] = f"/proc/{share_pid_with.pid}/ns/pid"
         (self.bundle / "config.json").write_text(json.dumps(config))
         # Detached: the container would keep captured pipes open forever.
         log = self.bundle / "run.log"
@@ -126,6 +141,13 @@ class RuncContainer:
 
     def exec(self, *command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return self._runc(["exec", self.id, *command], timeout=timeout)
+
+    def exec_in_background(self, *command: str) -> subprocess.Popen[bytes]:
+        """`runc exec` that keeps running (a `kubectl exec` session); kill it to end it."""
+        argv = ["runc", "--root", str(self.state_root), "exec", self.id, *command]
+        if self.mode == "v2":
+            argv = ["unshare", "-m", "sh", "-c", _V2_PREFIX, "sh", *argv[1:]]
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
     def open_result(self, path: str) -> str:
         """Open `path` read-write inside the container: OK, or the errno name."""
