@@ -1,4 +1,4 @@
-"""Agent configuration: flags and environment (HOTMOUNT_*), through pydantic-settings.
+"""Agent configuration: the environment (HOTMOUNT_*) and flags (agent/flags.py).
 
     hotmount-agent --listen 0.0.0.0:8443 --listen unix:/run/gpu-hotmount/agent.sock \
         --tls-cert /tls/tls.crt --tls-key /tls/tls.key --state-dir /run/gpu-hotmount/state
@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent import flags
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS
 from hotmount.engine import DEFAULT_STATE_DIR
 
@@ -21,24 +22,17 @@ DEFAULT_PODRESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 class AgentSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="HOTMOUNT_",
-        cli_prog_name="hotmount-agent",
-        cli_kebab_case=True,
-        cli_implicit_flags=True,
-        cli_exit_on_error=True,
-        cli_hide_none_type=True,
-        cli_avoid_json=True,
-        cli_use_class_docs_for_groups=False,
-        populate_by_name=True,
-    )
+    """Hot-mount GPUs into running containers: the per-node agent."""
+
+    model_config = SettingsConfigDict(env_prefix="HOTMOUNT_", populate_by_name=True)
 
     listen: list[str] = Field(
         default=["127.0.0.1:8080"],
-        description="HOST:PORT or unix:PATH to serve on (repeatable)",
+        description="HOST:PORT or unix:PATH to serve on",
+        json_schema_extra={"metavar": "ADDRESS"},
     )
     kubernetes: bool = Field(
-        default=True, description="--no-kubernetes: standalone mode, containers by ID, no cluster"
+        default=True, description="serve pods of a cluster; --no-kubernetes: containers by ID"
     )
     token_file: Path | None = Field(
         default=None, description="standalone: file holding the bearer token callers present"
@@ -65,10 +59,16 @@ class AgentSettings(BaseSettings):
     token_audiences: list[str] = Field(
         default=[], description="audiences a caller's token must carry (TokenReview)"
     )
-    podresources_socket: Path = Field(default=DEFAULT_PODRESOURCES_SOCKET)
+    podresources_socket: Path = Field(
+        default=DEFAULT_PODRESOURCES_SOCKET, description="the kubelet's PodResources socket"
+    )
     gpu_resource: str = Field(default="nvidia.com/gpu", description="extended resource name")
-    holder_image: str = Field(default="registry.k8s.io/pause:3.9")
-    holder_priority_class: str | None = Field(default=None)
+    holder_image: str = Field(
+        default="registry.k8s.io/pause:3.9", description="image of the holder pods (--count)"
+    )
+    holder_priority_class: str | None = Field(
+        default=None, description="priority class of the holder pods"
+    )
     holder_timeout: float = Field(default=60.0, gt=0, description="seconds to wait for a holder")
     holder_orphan_grace: float = Field(
         default=120.0,
@@ -106,21 +106,28 @@ class AgentSettings(BaseSettings):
         validation_alias=AliasChoices(
             "agent_namespace", "agent-namespace", "HOTMOUNT_AGENT_NAMESPACE", "POD_NAMESPACE"
         ),
+        description="the agents' namespace (downward API: metadata.namespace)",
     )
-    agent_service_account: str = Field(default="gpu-hotmount")
+    agent_service_account: str = Field(
+        default="gpu-hotmount", description="the agents' ServiceAccount (forwarded calls)"
+    )
     agent_selector: str = Field(
         default="app.kubernetes.io/name=gpu-hotmount", description="label selector of the agents"
     )
-    agent_port: int = Field(default=8443, description="the port other agents serve on")
+    agent_port: int = Field(
+        default=8443,
+        description="the port other agents serve on",
+        json_schema_extra={"metavar": "PORT"},
+    )
     agent_service: str = Field(
         default="gpu-hotmount",
         description="the agents' Service: its DNS name is what their certificates carry",
     )
-    agent_scheme: str = Field(default="https")
+    agent_scheme: str = Field(default="https", description="how agents reach each other")
     agent_ca: Path | None = Field(
         default=None, description="CA that signs the other agents' serving certificates"
     )
-    log_level: str = Field(default="INFO")
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
     @field_validator("listen")
     @classmethod
@@ -164,4 +171,4 @@ def load_settings(argv: list[str] | None = None) -> AgentSettings:
     """Settings from flags (when argv is given) over environment over defaults."""
     if argv is None:
         return AgentSettings()
-    return AgentSettings(_cli_parse_args=argv)  # type: ignore[call-arg]
+    return AgentSettings(**flags.given(AgentSettings, argv, "hotmount-agent"))
