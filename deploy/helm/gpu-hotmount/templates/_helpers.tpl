@@ -28,3 +28,45 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "gpu-hotmount.tlsSecret" -}}
 {{- default (printf "%s-tls" (include "gpu-hotmount.fullname" .)) .Values.tls.secretName -}}
 {{- end -}}
+
+{{/*
+Where the serving certificate comes from: "cert-manager", "given" (the user's Secret and
+caBundle) or "generated" (the chart's own CA, in the Secret it makes).
+*/}}
+{{- define "gpu-hotmount.tlsSource" -}}
+{{- if .Values.tls.certManager.enabled -}}
+cert-manager
+{{- else if .Values.tls.caBundle -}}
+given
+{{- else if .Values.tls.secretName -}}
+{{- fail "tls.secretName names your own Secret: set tls.caBundle to the base64 PEM of the CA that signed it (or leave both empty and the chart makes a CA and certificate); see deploy/README.md" -}}
+{{- else -}}
+generated
+{{- end -}}
+{{- end -}}
+
+{{/*
+The chart's own CA and serving certificate as JSON: the Secret's data (base64 PEM).
+An installed release's Secret is read back (lookup), so `helm upgrade` keeps them;
+otherwise they are made here, once per render (cached in .Values.tls), so the Secret
+and the APIService's caBundle agree.
+*/}}
+{{- define "gpu-hotmount.generatedTLS" -}}
+{{- if not (hasKey .Values.tls "_generated") -}}
+{{- $fullname := include "gpu-hotmount.fullname" . -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "gpu-hotmount.tlsSecret" .) -}}
+{{- $data := dict -}}
+{{- if $existing -}}
+{{- $data = pick ($existing.data | default dict) "ca.crt" "tls.crt" "tls.key" -}}
+{{- end -}}
+{{- if ne (len $data) 3 -}}
+{{- $days := int .Values.tls.generatedDays -}}
+{{- $service := printf "%s.%s.svc" $fullname .Release.Namespace -}}
+{{- $ca := genCA (printf "%s-ca" $fullname) $days -}}
+{{- $cert := genSignedCert $service nil (list $service (printf "%s.cluster.local" $service)) $days $ca -}}
+{{- $data = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) -}}
+{{- end -}}
+{{- $_ := set .Values.tls "_generated" $data -}}
+{{- end -}}
+{{- index .Values.tls "_generated" | toJson -}}
+{{- end -}}
