@@ -4,7 +4,8 @@
 - bodies over the cap get 413 without being read to the end (Content-Length or chunked);
 - probes answer while every worker is stuck on a hung API server;
 - mutating calls past their bound, and calls past the overall bound, get 429 + Retry-After;
-- a Kubernetes call that gets no answer times out (502), never holds a worker for good;
+- a Kubernetes call, or a call to another agent, that gets no answer times out (502),
+  never holds a worker for good;
 - a refused token is not sent to TokenReview again and again;
 - forwarded calls carry the caller's uid and extras into the other agent's SAR.
 
@@ -28,7 +29,7 @@ import pytest
 from tests.agent.conftest import ALICE, Cluster
 from tests.agent.test_auth import assert_status
 from tests.fakes.kube_apiserver import Stall
-from tests.support.agent import AgentProcess, pod_manifest
+from tests.support.agent import AgentProcess, agent_pod_manifest, pod_manifest
 
 pytestmark = pytest.mark.kernel
 MOUNT = "/v1/namespaces/default/pods/nb/devices"
@@ -216,6 +217,20 @@ def test_a_hung_api_server_costs_a_timeout_not_a_worker(cluster: Cluster) -> Non
         assert stall.arrived == 1  # a read timeout is not retried
     finally:
         stall.release()
+
+
+def test_a_hung_agent_costs_a_timeout_not_a_worker(cluster: Cluster) -> None:
+    """node-b's "agent" accepts connections and never answers."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)  # the kernel completes handshakes; nobody ever reads
+        cluster.kube.put_pod(pod_manifest("nb", None, node="node-b"))
+        cluster.kube.put_pod(agent_pod_manifest("node-b", hung.getsockname()[1]))
+        node_a = cluster.agent("node-a", extra=["--agent-timeout", "1"])
+        with node_a.client(ALICE) as alice:
+            answer = alice.post(MOUNT, json={"devices": ["0"]})
+    body = assert_status(answer, 502, "UpstreamError")
+    assert "forwarding to the agent on node-b" in body["message"]
 
 
 def test_a_refused_token_is_not_reviewed_again_and_again(cluster: Cluster) -> None:
