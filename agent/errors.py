@@ -108,6 +108,6 @@ def status_of(exc: Exception) -> Status:
                 ]
             }
         elif isinstance(exc, DeviceClaimed):
-            details = {"owner": exc.owner}
+            details = {"owner": exc.owner, "holders": exc.holders}
         return Status(reason=exc.reason, message=exc.message, code=exc.http_status, details=details)
     return Status(reason="InternalError", message="internal error; see the agent's log", code=500)

@@ -65,13 +65,20 @@ class Status(Model):
 
 
 class DeviceHolder(Model):
-    """Who has a device: the kubelet (PodResources) or a hot-mount (the agent's ledger)."""
+    """Who has a device: the kubelet (PodResources) or a hot-mount (the agent's ledger).
+
+    `device` is the name it holds it under: the same physical device may be held as
+    `=all`, a MIG instance or a kubelet ID (`GPU-<uuid>::1`); `sharedWith` is the pod
+    it joined on purpose.
+    """
 
     source: Literal["kubelet", "hotmount"]
     namespace: str | None = None
     pod: str | None = None
     container: str | None = None
     container_id: str | None = None
+    device: str | None = None
+    shared_with: str | None = None
 
 
 class DeviceInfo(Model):
@@ -82,12 +89,15 @@ class DeviceInfo(Model):
     pci_bus_id: str | None = None
     minor: int | None = None
     parent: str | None = None
+    aliases: list[str] = Field(default_factory=list)
     nodes: list[str]
-    holder: DeviceHolder | None = None
+    holder: DeviceHolder | None = None  # the first of `holders` (older clients read this)
+    holders: list[DeviceHolder] = Field(default_factory=list)
 
     @classmethod
-    def of(cls, device: Device, holder: DeviceHolder | None) -> DeviceInfo:
-        """An inventory device as the wire shows it (the agent and `nvcli --local` alike)."""
+    def of(cls, device: Device, holders: list[DeviceHolder]) -> DeviceInfo:
+        """An inventory device as the wire shows it (the agent and `nvcli --local` alike):
+        one entry per physical device, with every name it has and everyone who holds it."""
         return cls(
             key=device.key,
             kind=str(device.kind),
@@ -96,8 +106,10 @@ class DeviceInfo(Model):
             pci_bus_id=device.pci_bus_id,
             minor=device.minor,
             parent=device.parent,
+            aliases=list(device.aliases),
             nodes=[n.path for n in device.nodes],
-            holder=holder,
+            holder=holders[0] if holders else None,
+            holders=holders,
         )
 
 
@@ -107,16 +119,34 @@ class DeviceList(Model):
 
 
 class MountRequest(Request):
+    """`container` (one name) or `containers` (several, or `["*"]` for all of the pod's):
+    the same devices go into each, shared within the pod without force. `shareWith`
+    names a pod of the same namespace whose hold on these devices this mount joins."""
+
     container: ContainerName | None = None
+    containers: list[ContainerName | Literal["*"]] | None = Field(
+        default=None, min_length=1, max_length=16
+    )
     devices: list[DeviceRef] | None = Field(default=None, min_length=1, max_length=64)
     count: int | None = Field(default=None, ge=1, le=64)
+    share_with: KubeName | None = None
     force: bool = False
 
     @model_validator(mode="after")
     def _devices_or_count(self) -> MountRequest:
         if (self.devices is None) == (self.count is None):
             raise ValueError("give either devices or count, not both and not neither")
+        if self.container is not None and self.containers is not None:
+            raise ValueError("give container or containers, not both")
+        if self.containers and "*" in self.containers and len(self.containers) > 1:
+            raise ValueError('containers: "*" means all of them and stands alone')
         return self
+
+    def container_names(self) -> list[str | None]:
+        """The containers asked for; [None] is the pod's default, ["*"] all of them."""
+        if self.containers is not None:
+            return list(dict.fromkeys(self.containers))
+        return [self.container]
 
 
 class MountedDevice(Model):
@@ -125,9 +155,22 @@ class MountedDevice(Model):
     index: int | None = None
     uuid: str | None = None
     paths: list[str]
+    shared_with: str | None = None  # the pod whose device this mount joined on purpose
+    # Everyone else who holds the same physical device (a shared GPU shows both holders).
+    other_holders: list[DeviceHolder] = Field(default_factory=list)
+
+
+class ContainerMount(Model):
+    container: str | None = None
+    container_id: str
+    mounted: list[MountedDevice]
+    already_mounted: list[MountedDevice]
 
 
 class MountResult(Model):
+    """The first (or only) container's result at the top, as before; `containers` has
+    every container's when several were asked for."""
+
     namespace: str | None = None
     pod: str | None = None
     container: str | None = None
@@ -135,6 +178,7 @@ class MountResult(Model):
     mounted: list[MountedDevice]
     already_mounted: list[MountedDevice]
     holder_pod: str | None = None
+    containers: list[ContainerMount] = Field(default_factory=list)
 
 
 class UnmountResult(Model):

@@ -16,6 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from agent.config import AgentSettings
 from agent.errors import (
@@ -34,6 +35,7 @@ from agent.metrics import Metrics
 from agent.podresources import Allocation, PodResourcesClient, PodResourcesError
 from agent.schemas import (
     ContainerDevices,
+    ContainerMount,
     DeviceHolder,
     DeviceInfo,
     DeviceList,
@@ -45,9 +47,12 @@ from agent.schemas import (
     ReassignResult,
     UnmountResult,
 )
+from hotmount import claims
 from hotmount import engine as eng
+from hotmount.claims import Claim, Footprint
 from hotmount.devices.model import Device
 from hotmount.errors import HotmountError
+from hotmount.ledger import DeviceRecord
 
 log = logging.getLogger(__name__)
 
@@ -91,52 +96,40 @@ class NodeService:
 
     # -- inventory
     def devices(self) -> DeviceList:
-        hot = self._hot_holders()
-        kubelet = self._kubelet_allocations()
+        """One entry per physical device, with everyone who holds it under any name."""
+        hot = self.engine.holders()
+        kubelet = self._kubelet_holds()
+        inventory = self.engine.inventory
         infos = []
-        for device in self.engine.inventory.devices:
-            holder = hot.get(device.key)
-            if holder is None and device.key in kubelet:
-                a = kubelet[device.key]
-                holder = DeviceHolder(
-                    source="kubelet",
-                    namespace=a.pod_namespace,
-                    pod=a.pod_name,
-                    container=a.container_name,
-                )
-            infos.append(DeviceInfo.of(device, holder))
+        for device in inventory.devices:
+            mine = inventory.footprint(device)
+            holders = [_hot_holder(c) for c in hot.get(device.key, [])]
+            holders += [h.holder() for h in kubelet if h.footprint.overlaps(mine)]
+            infos.append(DeviceInfo.of(device, holders))
         return DeviceList(node=self.settings.node_name, devices=infos)
 
-    def _hot_holders(self) -> dict[str, DeviceHolder]:
-        holders = {}
-        for record in self.engine.ledger.records():
-            for key, device in record.devices.items():
-                meta = device.metadata
-                holders[key] = DeviceHolder(
-                    source="hotmount",
-                    namespace=meta.get("namespace"),
-                    pod=meta.get("pod"),
-                    container=meta.get("container"),
-                    container_id=record.container_id,
-                )
-        return holders
-
-    def _kubelet_allocations(self) -> dict[str, Allocation]:
-        """Inventory key -> the kubelet's allocation of it (empty without PodResources)."""
+    def _kubelet_holds(self) -> list[KubeletHold]:
+        """What the kubelet gave each pod, as physical devices: an ID of any form (UUID,
+        `UUID::n`, MIG UUID, index, CDI name) maps through the inventory. Empty without
+        PodResources; an ID the inventory does not know is skipped."""
         if self.podresources is None:
-            return {}
+            return []
         try:
             allocations = self.podresources.list_allocations()
         except PodResourcesError as exc:
             log.warning("PodResources unavailable: %s", exc)
-            return {}
-        found = {}
+            return []
+        holds = []
         for allocation in allocations:
             for device_id in allocation.device_ids:
-                device = self.engine.inventory.get(device_id.split("::")[0])
-                if device is not None:
-                    found[device.key] = allocation
-        return found
+                device = self.engine.inventory.kubelet_device(device_id)
+                if device is None:
+                    log.debug("kubelet device %s is not in the inventory", device_id)
+                    continue
+                holds.append(
+                    KubeletHold(allocation, device_id, self.engine.inventory.footprint(device))
+                )
+        return holds
 
     # -- pods
     def target(
@@ -167,55 +160,156 @@ class NodeService:
             )
         return info
 
+    def targets(
+        self, namespace: str, pod: str, names: list[str | None]
+    ) -> tuple[PodInfo, list[ContainerInfo]]:
+        """The running containers a mount names: one, several, or `*` for all of them."""
+        info, first = self.target(namespace, pod, None if names == ["*"] else names[0])
+        chosen = list(info.containers) if names == ["*"] else [first]
+        for name in names[1:]:
+            found = info.container(name)
+            if found is None:
+                have = ", ".join(c.name for c in info.containers)
+                raise PodNotFound(f"pod {namespace}/{pod} has no container {name!r} ({have})")
+            chosen.append(found)
+        for container in chosen:
+            if not container.running or not container.container_id:
+                raise PodNotRunning(
+                    f"container {container.name} of pod {namespace}/{pod} is not running"
+                )
+        return info, chosen
+
     def mount_pod(self, namespace: str, pod: str, request: MountRequest, user: str) -> MountResult:
         with self._measure("mount"):
-            info, container = self.target(namespace, pod, request.container)
-            assert container.container_id is not None
-            meta = {"namespace": namespace, "pod": pod, "container": container.name, "user": user}
-            with self._lock(container.container_id):
-                if request.count is not None:
+            info, containers = self.targets(namespace, pod, request.container_names())
+            group = f"{namespace}/{pod}"  # containers of one pod share without asking
+            share = self._share_group(info, request)
+            if request.count is not None:
+                if len(containers) > 1:
+                    raise BadRequest("count mounts into one container; name one, not several")
+                [container] = containers
+                meta = _meta(info, container, user)
+                assert container.container_id is not None
+                with self._lock(container.container_id):
                     result = self._mount_by_count(info, container, request.count, meta)
-                else:
-                    assert request.devices is not None
-                    devices = self.engine.inventory.resolve_all(request.devices)
-                    if not request.force:
-                        self._refuse_kubelet_allocated(devices, info)
-                    done = self.engine.mount(
-                        container.container_id,
-                        [d.key for d in devices],
-                        force=request.force,
-                        metadata=meta,
+                done = [(container, result)]
+            else:
+                assert request.devices is not None
+                devices = self.engine.inventory.resolve_all(request.devices)
+                if not request.force:
+                    self._refuse_kubelet_allocated(devices, info, share)
+                keys = [d.key for d in devices]
+                done = self._mount_each(info, containers, keys, request.force, user, group, share)
+            for container, each in done:
+                if each.mounted:
+                    names = ", ".join(_label(d) for d in each.mounted)
+                    self._event(
+                        info, "GPUMounted", f"hot-mounted {names} into {container.name} for {user}"
                     )
-                    result = _mount_result(done, info, container)
-            if result.mounted:
-                names = ", ".join(_label(d) for d in result.mounted)
-                self._event(
-                    info, "GPUMounted", f"hot-mounted {names} into {container.name} for {user}"
-                )
-            return result
+            first = done[0][1]
+            if len(done) > 1:
+                first.containers = [
+                    ContainerMount(
+                        container=r.container,
+                        container_id=r.container_id,
+                        mounted=r.mounted,
+                        already_mounted=r.already_mounted,
+                    )
+                    for _, r in done
+                ]
+            return first
 
-    def _refuse_kubelet_allocated(self, devices: list[Device], target: PodInfo) -> None:
-        allocations = self._kubelet_allocations()
-        for device in devices:
-            allocation = allocations.get(device.key)
-            if allocation is None:
-                continue
-            owner = (allocation.pod_namespace, allocation.pod_name)
-            if owner == (target.namespace, target.name):
-                continue
-            other = self._kube().find_pod(*owner)
-            if other is None or other.phase not in ("Running", "Pending"):
-                continue
-            if (
-                other.labels.get(HOLDER_LABEL) == target.name
-                and other.namespace == target.namespace
-            ):
-                continue  # our own holder for this very pod
-            raise AllocatedToPod(
-                f"device {_device_label(device)} is allocated by the kubelet to running pod "
-                f"{owner[0]}/{owner[1]}; pass force to mount it anyway",
-                {"namespace": owner[0], "pod": owner[1]},
+    def _share_group(self, target: PodInfo, request: MountRequest) -> str | None:
+        """`shareWith`: a pod of the target's own namespace (never another's), by name."""
+        other = request.share_with
+        if other is None:
+            return None
+        if request.count is not None:
+            raise BadRequest("shareWith shares named devices; a count gets fresh ones")
+        if other == target.name:
+            raise BadRequest(
+                "shareWith names another pod; the containers of one pod share without it"
             )
+        self._kube().get_pod(target.namespace, other)  # 404 for a pod that is not there
+        return f"{target.namespace}/{other}"
+
+    def _mount_each(
+        self,
+        info: PodInfo,
+        containers: list[ContainerInfo],
+        keys: list[str],
+        force: bool,
+        user: str,
+        group: str,
+        share: str | None,
+    ) -> list[tuple[ContainerInfo, MountResult]]:
+        """The same devices into each container, or into none: a failure rolls back the
+        containers this call already mounted."""
+        done: list[tuple[ContainerInfo, eng.MountResult]] = []
+        try:
+            for container in containers:
+                assert container.container_id is not None
+                with self._lock(container.container_id):
+                    result = self.engine.mount(
+                        container.container_id,
+                        keys,
+                        force=force,
+                        metadata=_meta(info, container, user),
+                        group=group,
+                        share_with=share,
+                    )
+                done.append((container, result))
+        except BaseException:
+            for container, result in reversed(done):
+                if not result.mounted:
+                    continue
+                assert container.container_id is not None
+                try:
+                    with self._lock(container.container_id):
+                        self.engine.unmount(container.container_id, [m.key for m in result.mounted])
+                except HotmountError as exc:
+                    log.error("rollback from %s failed: %s", container.name, exc.message)
+            raise
+        results = [(c, _mount_result(r, info, c)) for c, r in done]
+        for _, result in results:
+            for mounted in result.mounted:
+                mounted.shared_with = _pod_of(share)
+        return results
+
+    def _refuse_kubelet_allocated(
+        self, devices: list[Device], target: PodInfo, share: str | None = None
+    ) -> None:
+        """409 for a device whose physical GPU the kubelet gave another running pod, under
+        any name; the pod named in `shareWith` (or its sharing circle) is no obstacle."""
+        holds = self._kubelet_holds()
+        if not holds:
+            return
+        group = f"{target.namespace}/{target.name}"
+        held = [*self.engine.ledger.claims(), *(h.claim() for h in holds)]
+        for device in devices:
+            new = Claim("", device.key, group, self.engine.inventory.footprint(device))
+            for blocker in claims.blocking(new, held, share):
+                if not blocker.owner.startswith(KUBELET):
+                    continue  # a hot-mount: the engine's claim decides, atomically
+                owner = (blocker.holder["namespace"], blocker.holder["pod"])
+                other = self._kube().find_pod(*owner)
+                if other is None or other.phase not in ("Running", "Pending"):
+                    continue
+                if (
+                    other.labels.get(HOLDER_LABEL) == target.name
+                    and other.namespace == target.namespace
+                ):
+                    continue  # our own holder for this very pod
+                raise AllocatedToPod(
+                    f"device {_device_label(device)} is the same physical device the kubelet "
+                    f"allocated to running pod {owner[0]}/{owner[1]} (as {blocker.device}); "
+                    "share it on purpose (shareWith), or pass force to mount it anyway",
+                    {
+                        "namespace": owner[0],
+                        "pod": owner[1],
+                        "holders": [{**dict(blocker.holder), "device": blocker.device}],
+                    },
+                )
 
     def _mount_by_count(
         self, target: PodInfo, container: ContainerInfo, count: int, meta: dict[str, str]
@@ -236,7 +330,10 @@ class NodeService:
                     )
                 assert container.container_id is not None
                 done = self.engine.mount(
-                    container.container_id, keys, metadata={**meta, "holder": name}
+                    container.container_id,
+                    keys,
+                    metadata={**meta, "holder": name},
+                    group=f"{target.namespace}/{target.name}",
                 )
             except BaseException:
                 try:
@@ -333,7 +430,7 @@ class NodeService:
                 self.settings.gpu_resource,
             ):
                 for device_id in a.device_ids:
-                    device = self.engine.inventory.get(device_id.split("::")[0])
+                    device = self.engine.inventory.kubelet_device(device_id)
                     if device is None:
                         raise UpstreamError(
                             f"the kubelet gave {name} device {device_id}, "
@@ -398,6 +495,8 @@ class NodeService:
     def pod_devices(self, namespace: str, pod: str) -> PodDevices:
         self._kube().get_pod(namespace, pod)  # 404 for an unknown pod
         containers = []
+        hot: dict[str, list[Claim]] | None = None
+        kubelet: list[KubeletHold] | None = None
         for record in self.engine.ledger.records():
             devices = [
                 d
@@ -405,12 +504,14 @@ class NodeService:
                 if d.metadata.get("namespace") == namespace and d.metadata.get("pod") == pod
             ]
             if devices:
+                hot = hot if hot is not None else self.engine.holders()
+                kubelet = kubelet if kubelet is not None else self._kubelet_holds()
                 containers.append(
                     ContainerDevices(
                         container=devices[0].metadata.get("container"),
                         container_id=record.container_id or record.key,
                         devices=[
-                            self._mounted_from_record(d.key, d.kind, d.node_paths) for d in devices
+                            self._mounted_from_record(d, record.key, hot, kubelet) for d in devices
                         ],
                     )
                 )
@@ -433,15 +534,30 @@ class NodeService:
                 continue
         return out
 
-    def _mounted_from_record(self, key: str, kind: str, paths: list[str]) -> MountedDevice:
-        device = self.engine.inventory.get(key)
-        own = [n.path for n in device.nodes] if device else paths
+    def _mounted_from_record(
+        self,
+        entry: DeviceRecord,
+        owner: str,
+        hot: dict[str, list[Claim]] | None = None,
+        kubelet: list[KubeletHold] | None = None,
+    ) -> MountedDevice:
+        """A mounted device, with everyone else who holds the same physical device."""
+        device = self.engine.inventory.get(entry.key)
+        own = [n.path for n in device.nodes] if device else entry.node_paths
+        others: list[DeviceHolder] = []
+        if device is not None:
+            mine = self.engine.inventory.footprint(device)
+            claims_now = (hot or {}).get(device.key, [])
+            others += [_hot_holder(c) for c in claims_now if c.owner != owner]
+            others += [h.holder() for h in kubelet or [] if h.footprint.overlaps(mine)]
         return MountedDevice(
-            key=key,
-            kind=kind,
+            key=entry.key,
+            kind=entry.kind,
             index=device.index if device else None,
             uuid=device.uuid if device else None,
             paths=own,
+            shared_with=_pod_of(entry.shared_with),
+            other_holders=others,
         )
 
     def reassign(self, request: ReassignRequest, user: str) -> ReassignResult:
@@ -561,9 +677,7 @@ class NodeService:
                 ContainerDevices(
                     container=None,
                     container_id=container.key,
-                    devices=[
-                        self._mounted_from_record(d.key, d.kind, d.node_paths) for d in devices
-                    ],
+                    devices=[self._mounted_from_record(d, container.key) for d in devices],
                 )
             ]
         )
@@ -694,6 +808,64 @@ def _mount_result(
         mounted=convert(done.mounted),
         already_mounted=convert(done.already_mounted),
     )
+
+
+KUBELET = "kubelet:"
+
+
+@dataclass(frozen=True)
+class KubeletHold:
+    """One device ID the kubelet gave a pod, and the physical device behind it."""
+
+    allocation: Allocation
+    device_id: str
+    footprint: Footprint
+
+    def holder(self) -> DeviceHolder:
+        a = self.allocation
+        return DeviceHolder(
+            source="kubelet",
+            namespace=a.pod_namespace,
+            pod=a.pod_name,
+            container=a.container_name,
+            device=self.device_id,
+        )
+
+    def claim(self) -> Claim:
+        a = self.allocation
+        return Claim(
+            f"{KUBELET}{a.pod_namespace}/{a.pod_name}",
+            self.device_id,
+            f"{a.pod_namespace}/{a.pod_name}",
+            self.footprint,
+            holder={"namespace": a.pod_namespace, "pod": a.pod_name, "container": a.container_name},
+        )
+
+
+def _hot_holder(claim: Claim) -> DeviceHolder:
+    return DeviceHolder(
+        source="hotmount",
+        namespace=claim.holder.get("namespace"),
+        pod=claim.holder.get("pod"),
+        container=claim.holder.get("container"),
+        container_id=claim.owner,
+        device=claim.device,
+        shared_with=_pod_of(claim.shared_with),
+    )
+
+
+def _pod_of(group: str | None) -> str | None:
+    """`namespace/pod` -> `pod`: sharing never leaves a namespace."""
+    return group.rpartition("/")[2] if group else None
+
+
+def _meta(info: PodInfo, container: ContainerInfo, user: str) -> dict[str, str]:
+    return {
+        "namespace": info.namespace,
+        "pod": info.name,
+        "container": container.name,
+        "user": user,
+    }
 
 
 def _label(device: MountedDevice) -> str:

@@ -609,11 +609,15 @@ class HotmountClient:
         pod: str,
         devices: list[str] | None = None,
         count: int | None = None,
-        container: str | None = None,
+        container: str | list[str] | None = None,
         force: bool = False,
+        share_with: str | None = None,
     ) -> MountResult:
-        """Hot-mount `devices` (or, with `count`, N scheduler-accounted GPUs) into a pod."""
-        request = _mount_request(devices, count, container, force)
+        """Hot-mount `devices` (or, with `count`, N scheduler-accounted GPUs) into a pod.
+
+        `container`: one name, several (the same devices into each), or `["*"]` for all
+        of the pod's; `share_with`: a pod of the same namespace whose GPU this joins."""
+        request = _mount_request(devices, count, container, force, share_with)
         return self.transport.mount(namespace, pod, request)
 
     def unmount(
@@ -690,10 +694,25 @@ class HotmountClient:
 
 
 def _mount_request(
-    devices: list[str] | None, count: int | None, container: str | None, force: bool
+    devices: list[str] | None,
+    count: int | None,
+    container: str | list[str] | None,
+    force: bool,
+    share_with: str | None = None,
 ) -> MountRequest:
+    one = container if isinstance(container, str) or container is None else None
+    if isinstance(container, list) and len(container) == 1 and container[0] != "*":
+        one = container[0]  # the old single-container request: any agent reads it
+    several = container if isinstance(container, list) and one is None else None
     try:
-        return MountRequest(devices=devices, count=count, container=container, force=force)
+        return MountRequest(
+            devices=devices,
+            count=count,
+            container=one,
+            containers=several,
+            force=force,
+            share_with=share_with,
+        )
     except ValidationError as exc:
         raise InvalidRequest(make_status(400, _problems(exc), "BadRequest")) from exc
 

@@ -538,9 +538,12 @@ class LocalEngine:
         devices = [
             DeviceInfo.of(
                 d,
-                DeviceHolder(source="hotmount", container_id=holders[d.key])
-                if d.key in holders
-                else None,
+                [
+                    DeviceHolder(
+                        source="hotmount", container_id=c.owner, device=c.device, **c.holder
+                    )
+                    for c in holders.get(d.key, [])
+                ],
             )
             for d in self.engine.inventory.devices
         ]
@@ -613,23 +616,42 @@ def mount(
         ),
     ] = None,
     container: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             "--container",
             metavar="NAME",
-            help="container name (default: the first); ID with --local",
+            help="container name (default: the first); repeat it, or '*' for every container "
+            "of the pod (they share the GPU); ID with --local",
+        ),
+    ] = None,
+    share_with: Annotated[
+        str | None,
+        typer.Option(
+            "--share-with",
+            metavar="POD",
+            help="share the GPU a pod of the same namespace holds (CUDA IPC); you need "
+            "create on both pods",
         ),
     ] = None,
     force: Annotated[
-        bool, typer.Option("--force", help="mount even if the kubelet gave it to another pod")
+        bool,
+        typer.Option(
+            "--force", help="mount even if another pod holds it (needs the force permission)"
+        ),
     ] = False,
 ) -> None:
     """Hot-mount GPUs into a running pod.
+
+    A GPU has one holder, whatever it is called (index, UUID, CDI name, `=all`, a MIG
+    instance of it): another pod asking for it gets a conflict naming the holder.
+    Containers of one pod may share it; another pod only with --share-with.
 
     \b
     Example:
       nvcli mount --name notebook-0 --mount 0
       nvcli mount --name notebook-0 -n ml --mount=0,GPU-8f3b... --container main
+      nvcli mount --name ipc-pod --mount 0 --container producer --container consumer
+      nvcli mount --name consumer-0 --mount 0 --share-with producer-0
       nvcli mount --name notebook-0 --count 2
       sudo nvcli mount --local --container 3f2a... --mount 0
     """
@@ -637,7 +659,13 @@ def mount(
     devices = split_refs(mount)
     if bool(devices) == (count is not None):
         raise UsageError("give --mount DEVICES or --count N (one of them)")
-    kind, target = _target(opts, name, container)
+    containers = list(dict.fromkeys(container or []))
+    if "*" in containers and len(containers) > 1:
+        raise UsageError("--container '*' means every container: give it alone")
+    single = containers[0] if len(containers) == 1 else None
+    kind, target = _target(opts, name, single)
+    if (opts.local or kind == "container") and (len(containers) > 1 or share_with):
+        raise UsageError("several containers and --share-with work on pods, not with --local")
     if opts.local:
         if count is not None:
             raise UsageError("--count needs the scheduler: it does not work with --local")
@@ -654,8 +682,9 @@ def mount(
                     target or "",
                     devices=devices or None,
                     count=count,
-                    container=container,
+                    container=containers or None,
                     force=force,
+                    share_with=share_with,
                 )
     emit(result, opts)
 

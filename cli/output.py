@@ -102,6 +102,12 @@ def holder_text(holder: DeviceHolder | None) -> str:
     return f"{who} [{holder.source}]"
 
 
+def holders_text(holders: list[DeviceHolder], first: DeviceHolder | None = None) -> str:
+    """Everyone who holds one physical device (a shared GPU has several)."""
+    every = holders or ([first] if first else [])
+    return ", ".join(holder_text(h) for h in every) if every else holder_text(None)
+
+
 def devices_table(listings: list[DeviceList]) -> str:
     rows = [
         [
@@ -110,14 +116,15 @@ def devices_table(listings: list[DeviceList]) -> str:
             d.key,
             d.kind,
             d.uuid,
-            holder_text(d.holder),
+            ",".join(d.aliases) or "-",
+            holders_text(d.holders, d.holder),
         ]
         for listing in listings
         for d in listing.devices
     ]
     if not rows:
         return "No devices found."
-    return columns(["NODE", "INDEX", "DEVICE", "KIND", "UUID", "HELD BY"], rows)
+    return columns(["NODE", "INDEX", "DEVICE", "KIND", "UUID", "ALIASES", "HELD BY"], rows)
 
 
 def status_table(result: PodDevices) -> str:
@@ -129,13 +136,15 @@ def status_table(result: PodDevices) -> str:
             d.key,
             d.uuid,
             d.paths,
+            holders_text(d.other_holders) if d.other_holders else "-",
         ]
         for c in result.containers
         for d in c.devices
     ]
     if not rows:
         return f"No devices are hot-mounted in {_pod(result.namespace, result.pod)}."
-    return columns(["POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS"], rows)
+    headers = ["POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS", "SHARED WITH"]
+    return columns(headers, rows)
 
 
 def mount_table(result: MountResult) -> str:
@@ -150,6 +159,10 @@ def mount_table(result: MountResult) -> str:
     where = _where(result.namespace, result.pod, result.container, result.container_id)
     lines = [columns(["INDEX", "DEVICE", "STATE", "PATHS"], rows) if rows else "No devices."]
     lines.append(f"into {where}")
+    for other in result.containers[1:]:  # the same devices, into every container asked for
+        mounted = ", ".join(d.key for d in other.mounted + other.already_mounted) or "nothing"
+        into = _where(result.namespace, result.pod, other.container, other.container_id)
+        lines.append(f"and {mounted} into {into}")
     if result.holder_pod:
         lines.append(f"accounted by holder pod {result.namespace}/{result.holder_pod}")
     return "\n".join(lines)

@@ -98,6 +98,19 @@ class PodResourcesClient:
                             device_ids=tuple(devices.device_ids),
                         )
                     )
+                for dynamic in container.dynamic_resources:
+                    # DRA: the kubelet reports fully qualified CDI names (vendor/class=name).
+                    names = [d.name for r in dynamic.claim_resources for d in r.cdi_devices]
+                    if names:
+                        allocations.append(
+                            Allocation(
+                                pod_namespace=pod.namespace,
+                                pod_name=pod.name,
+                                container_name=container.name,
+                                resource_name=dynamic.class_name or dynamic.claim_name,
+                                device_ids=tuple(names),
+                            )
+                        )
         return allocations
 
     def allocatable(self, resource_name: str) -> list[str] | None:

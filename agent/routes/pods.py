@@ -59,6 +59,8 @@ def mount(
     gateway: Gate,
 ) -> MountResult | Any:
     authz.require(caller, "create", namespace, pod)
+    if body.share_with:  # sharing across pods: the caller may mount into both
+        authz.require(caller, "create", namespace, body.share_with)
     authz.require_force(caller, body.force, (namespace, pod))
     return local_or_forward(
         lambda: service.mount_pod(namespace, pod, body, caller.name),

@@ -100,6 +100,8 @@ def test_device_the_kubelet_gave_another_running_pod_is_409(cluster: Cluster) ->
             "pod": "trainer",
             "container": "main",
             "containerId": None,
+            "device": GPU0.uuid,
+            "sharedWith": None,
         }
         forced = api.post(
             "/v1/namespaces/default/pods/nb/devices", json={"devices": ["0"], "force": True}

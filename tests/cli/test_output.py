@@ -74,11 +74,15 @@ def test_tables() -> None:
     assert "stopped PIDs: 4242" in unmount
 
     status = render(RESULTS["status"], "table").splitlines()
-    assert status[0].split() == ["POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS"]
+    assert status[0].split() == [
+        "POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS", "SHARED", "WITH"
+    ]  # fmt: skip
     assert status[1].split()[:3] == ["ml/nb-0", "main", "1"]
 
     listing = render(RESULTS["list"], "table").splitlines()
-    assert listing[0].split() == ["NODE", "INDEX", "DEVICE", "KIND", "UUID", "HELD", "BY"]
+    assert listing[0].split() == [
+        "NODE", "INDEX", "DEVICE", "KIND", "UUID", "ALIASES", "HELD", "BY"
+    ]  # fmt: skip
     assert listing[1].endswith("<free>")
     assert listing[2].endswith("ml/nb-0 (main) [hotmount]")
 

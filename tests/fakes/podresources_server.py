@@ -65,6 +65,9 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
         return api_pb2.GetPodResourcesResponse(pod_resources=pod)
 
 
+_CDI_CLAIM = "cdi-claim:"  # table entries that are DRA claims, not device plugins
+
+
 def _pod_message(
     key: tuple[str, str], containers: dict[str, dict[str, list[str]]]
 ) -> api_pb2.PodResources:
@@ -78,6 +81,21 @@ def _pod_message(
                 devices=[
                     api_pb2.ContainerDevices(resource_name=resource, device_ids=ids)
                     for resource, ids in resources.items()
+                    if not resource.startswith(_CDI_CLAIM)
+                ],
+                dynamic_resources=[
+                    api_pb2.DynamicResource(
+                        class_name="gpu.nvidia.com",
+                        claim_name=resource.removeprefix(_CDI_CLAIM),
+                        claim_namespace=namespace,
+                        claim_resources=[
+                            api_pb2.ClaimResource(
+                                cdi_devices=[api_pb2.CDIDevice(name=n) for n in ids]
+                            )
+                        ],
+                    )
+                    for resource, ids in resources.items()
+                    if resource.startswith(_CDI_CLAIM)
                 ],
             )
             for container, resources in containers.items()
@@ -118,6 +136,12 @@ class FakePodResourcesServer:
             self.table.setdefault((namespace, pod), {}).setdefault(container, {})[resource] = list(
                 device_ids
             )
+
+    def set_cdi_allocation(
+        self, namespace: str, pod: str, container: str, claim: str, cdi_names: list[str]
+    ) -> None:
+        """A DRA claim's devices, reported as fully qualified CDI names."""
+        self.set_allocation(namespace, pod, container, f"{_CDI_CLAIM}{claim}", cdi_names)
 
     def remove_pod(self, namespace: str, pod: str) -> None:
         with self.lock:
