@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -35,6 +36,7 @@ from hotmount.errors import HotmountError
 
 log = logging.getLogger("hotmount.agent")
 FRONT_PROXY_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
+FRONT_PROXY_WAIT = 60.0  # seconds to wait at start for an API server that does not answer yet
 
 
 def engine_from(settings: AgentSettings) -> Engine:
@@ -49,13 +51,31 @@ def engine_from(settings: AgentSettings) -> Engine:
     )
 
 
-def front_proxy_trust(kube: KubeClient, ca_path: Path) -> FrontProxyTrust | None:
-    """Read the request-header CA and allowed names; write the CA where TLS can load it."""
-    try:
-        data = kube.configmap(*FRONT_PROXY_CONFIGMAP)
-    except (UpstreamError, ApiError) as exc:
-        log.warning("no front-proxy trust (the aggregated API will answer 401): %s", exc.message)
-        return None
+def front_proxy_trust(
+    kube: KubeClient, ca_path: Path, wait: float = FRONT_PROXY_WAIT, every: float = 2.0
+) -> FrontProxyTrust | None:
+    """Read the request-header CA and allowed names; write the CA where TLS can load it.
+
+    The CA goes into the TLS context once, at start: an API server not reachable yet
+    (a node whose Service routes are still being written) is waited for, up to `wait`
+    seconds, and then the agent exits, so the kubelet restarts it. Starting without the
+    CA would leave the aggregated API answering 401 for the agent's whole life.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            data = kube.configmap(*FRONT_PROXY_CONFIGMAP)
+            break
+        except UpstreamError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log.warning("waiting for the API server (front-proxy CA): %s", exc.message)
+            time.sleep(every)
+        except ApiError as exc:
+            log.warning(
+                "no front-proxy trust (the aggregated API will answer 401): %s", exc.message
+            )
+            return None
     ca = data.get("requestheader-client-ca-file")
     if not ca:
         log.warning("%s/%s has no requestheader-client-ca-file", *FRONT_PROXY_CONFIGMAP)
@@ -224,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(settings.log_level)
     try:
         asyncio.run(_run(settings))
-    except HotmountError as exc:
+    except (HotmountError, UpstreamError) as exc:
         log.error("cannot start: %s", exc.message)
         return 1
     return 0

@@ -245,7 +245,9 @@ def test_scheduling_and_host_access(variant: str):
     assert any(t.get("key") == "nvidia.com/gpu" for t in spec["tolerations"])
     container = agent_container(daemonset)
     # Entering PID 1's cgroup namespace is what makes /proc/<pid>/cgroup host paths.
-    assert container["command"] == ["nsenter", "--cgroup=/proc/1/ns/cgroup", "--", "hotmount-agent"]
+    assert container["command"][:2] == ["sh", "-c"]
+    assert container["command"][3] == "hotmount-agent"  # $0: the args follow as "$@"
+    assert "exec nsenter --cgroup=/proc/1/ns/cgroup -- hotmount-agent" in container["command"][2]
     assert container["securityContext"]["privileged"] is (variant == "privileged")
 
 
