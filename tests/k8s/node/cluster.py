@@ -427,6 +427,8 @@ disabled_plugins = [
     conf_dir = "{cni_conf}"
 """
         )
+        # Last of all (after containerd has ended): its snapshots are the images, ~200 MB.
+        self._on_stop(lambda: _unmount_under(root, remove=True))
         self._spawn("containerd", ["containerd", "--config", str(config)])
         self._on_stop(lambda: _unmount_under(root, remove=False))
         self._on_stop(self._remove_containers)
