@@ -24,6 +24,7 @@ from tests.k8s import flows
 from tests.k8s.deviceplugin import FakeGpuPlugin
 from tests.k8s.node import cluster
 from tests.k8s.node.cluster import Node
+from tests.support.image import build_agent_image
 
 WHY_NOT = cluster.missing_requirements()
 TIMINGS: dict[str, float] = {}
@@ -92,7 +93,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         with _Timer("kubernetes build (cached after the first)"):
             bin_dir = cluster.build_kubernetes()
         with _Timer("agent image"):
-            image = flows.build_agent_image(tmp_path_factory.mktemp("image"))
+            # the archive tests/deploy/test_image.py checked, if it ran first
+            image = build_agent_image(tmp_path_factory.mktemp("image"))
         workdir = tmp_path_factory.mktemp("k8s-node")
         with _Timer("node up"):
             started = Node(workdir, bin_dir, users=flows.PEOPLE).start()

@@ -30,6 +30,7 @@ from tests.deploy.support import helm_binary
 from tests.fakes.nvml import FakeGpu
 from tests.k8s.deviceplugin import FakeGpuPlugin
 from tests.k8s.node.cluster import BUSYBOX_IMAGE, NODE_NAME, PAUSE_IMAGE, Node, run
+from tests.support.image import AgentImage
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "gpu-hotmount"
@@ -51,36 +52,6 @@ EXIT_AUTH, EXIT_CONFLICT = 5, 3
 class Gpus:
     nvml_dir: Path
     plugin: FakeGpuPlugin
-
-
-@dataclass(frozen=True)
-class Image:
-    archive: Path
-    repository: str
-    tag: str
-
-
-# ---- the agent image -----------------------------------------------------------
-
-
-def build_agent_image(out: Path) -> Image:
-    """`scripts/build-image.sh OUT`: the agent as an OCI archive, from Debian and the wheel."""
-    script = REPO / "scripts" / "build-image.sh"
-    if not script.exists():
-        raise RuntimeError(
-            "scripts/build-image.sh is missing: the tier deploys the image it builds"
-        )
-    archive = out / "agent.oci.tar"
-    result = subprocess.run(
-        ["bash", str(script), str(archive)], capture_output=True, text=True, timeout=1800,
-        check=False, cwd=REPO, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    if result.returncode != 0 or not archive.exists():
-        raise RuntimeError(
-            f"build-image.sh failed:\n{result.stdout[-3000:]}{result.stderr[-6000:]}"
-        )
-    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
-    return Image(archive=archive, repository="gpu-hotmount/agent", tag=str(version))
 
 
 # ---- waiting -------------------------------------------------------------------
@@ -124,7 +95,7 @@ class Release:
     values_file: Path = field(init=False)
 
     def values(self) -> dict[str, Any]:
-        image: Image = self.node.image  # type: ignore[attr-defined]
+        image: AgentImage = self.node.image  # type: ignore[attr-defined]
         return {
             "image": {"repository": image.repository, "tag": image.tag, "pullPolicy": "Never"},
             # the node's own pause image: there is no registry to pull registry.k8s.io/pause

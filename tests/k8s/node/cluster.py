@@ -24,6 +24,7 @@ also after a failed start.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -375,7 +376,7 @@ class Node:
         cni_conf = self.workdir / "cni" / "net.d"
         cni_conf.mkdir(parents=True, exist_ok=True)
         (cni_conf / "10-hotmount.conflist").write_text(
-            _json(
+            json.dumps(
                 {
                     "cniVersion": "0.4.0",
                     "name": "hotmount-k8s",
@@ -558,12 +559,6 @@ disabled_plugins = [
             return
         self.kubectl("delete", "daemonsets,deployments,pods", "--all", "--all-namespaces",
                      "--wait=true", "--timeout=60s", check=False, timeout=90)  # fmt: skip
-
-
-def _json(value: object) -> str:
-    import json
-
-    return json.dumps(value, indent=2)
 
 
 def _listdir(path: Path) -> list[str]:
