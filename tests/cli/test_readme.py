@@ -31,8 +31,10 @@ NEEDS_A_GPU_NODE = {"kubectl exec gpu-pod -- nvidia-smi"}
 
 
 def readme_commands() -> list[str]:
+    """One entry per command: a line ending in a backslash continues on the next."""
     blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
-    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+    joined = "\n".join(block.replace("\\\n", " ") for block in blocks)
+    return [" ".join(line.split()) for line in joined.splitlines() if line.strip()]
 
 
 def by_program(program: str) -> list[str]:
