@@ -108,15 +108,21 @@ class NodeService:
             infos.append(DeviceInfo.of(device, holders))
         return DeviceList(node=self.settings.node_name, devices=infos)
 
-    def _kubelet_holds(self) -> list[KubeletHold]:
+    def _kubelet_holds(self, strict: bool = False) -> list[KubeletHold]:
         """What the kubelet gave each pod, as physical devices: an ID of any form (UUID,
         `UUID::n`, MIG UUID, index, CDI name) maps through the inventory. Empty without
-        PodResources; an ID the inventory does not know is skipped."""
+        PodResources; an ID the inventory does not know is skipped. `strict`: a
+        PodResources failure is an error (a check must fail closed, not read as free)."""
         if self.podresources is None:
             return []
         try:
             allocations = self.podresources.list_allocations()
         except PodResourcesError as exc:
+            if strict:
+                raise UpstreamError(
+                    f"PodResources did not answer ({exc}), so the kubelet's allocations "
+                    "cannot be checked; retry, or pass force to mount anyway"
+                ) from exc
             log.warning("PodResources unavailable: %s", exc)
             return []
         holds = []
@@ -281,7 +287,7 @@ class NodeService:
     ) -> None:
         """409 for a device whose physical GPU the kubelet gave another running pod, under
         any name; the pod named in `shareWith` (or its sharing circle) is no obstacle."""
-        holds = self._kubelet_holds()
+        holds = self._kubelet_holds(strict=True)
         if not holds:
             return
         group = f"{target.namespace}/{target.name}"
