@@ -98,7 +98,9 @@ def create_app(
     gateway = None
     if settings.kubernetes:
         kube = kube or KubeClient.from_config(settings.kubeconfig, settings.kube_timeout)
-        if podresources is None and settings.podresources_socket.exists():
+        # Even before the kubelet's socket exists (gRPC connects per call): an agent that
+        # started first must still check the kubelet's books, never skip them for life.
+        if podresources is None:
             podresources = PodResourcesClient(str(settings.podresources_socket))
         gateway = Gateway(settings, kube)
     else:

@@ -57,8 +57,14 @@ class PodResourcesClient:
     def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 5.0) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
+        self._open()
+
+    def _open(self) -> None:
+        """A fresh channel. After UNAVAILABLE the old one sits in reconnect backoff (up to
+        minutes) and would answer UNAVAILABLE at once even though the kubelet is back; a
+        new one connects on the next call. The old one is left to in-flight calls, not closed."""
         self._channel = grpc.insecure_channel(
-            _target(socket_path),
+            _target(self.socket_path),
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
         self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
@@ -139,6 +145,7 @@ class PodResourcesClient:
         hint = ""
         if code == grpc.StatusCode.UNAVAILABLE:
             hint = " (is the kubelet running and the socket mounted into the agent?)"
+            self._open()
         elif code == grpc.StatusCode.UNIMPLEMENTED:
             hint = " (kubelet older than 1.20 serves only v1alpha1)"
         name = code.name if code is not None else "UNKNOWN"

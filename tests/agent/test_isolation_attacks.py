@@ -6,11 +6,15 @@ each failed before its fix.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.agent.conftest import DANA, Cluster
+from tests.fakes.podresources_server import FakePodResourcesServer
 from tests.support.agent import GPUS
 
 pytestmark = pytest.mark.kernel
@@ -41,3 +45,27 @@ def test_the_kubelet_check_fails_closed_when_podresources_does_not_answer(
         assert refused.json()["reason"] == "UpstreamError"
         assert "PodResources" in refused.json()["message"]
         assert f"nvidia{GPU0.minor}" not in nb.ls_dev()
+
+
+def test_an_agent_started_before_the_kubelet_socket_still_checks_the_kubelet(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The agent starts while the kubelet restarts (no PodResources socket yet). It must
+    not serve for life as if the kubelet had given no GPU to anyone."""
+    nb = cluster.pod("nb")
+    cluster.pod("trainer", namespace="team-b")
+    socket_dir = Path(tempfile.mkdtemp(prefix="podres-late-"))
+    socket_path = str(socket_dir / "kubelet.sock")
+    agent = cluster.agent(extra=["--podresources-socket", socket_path])
+    with agent.client(DANA) as api:
+        before = mount(api, "nb", devices=["0"])
+        assert before.status_code == 502, before.text  # no kubelet to ask: fail closed
+
+        with FakePodResourcesServer(socket_path) as kubelet:
+            kubelet.set_allocation("team-b", "trainer", "main", "nvidia.com/gpu", [GPU0.uuid])
+            refused = mount(api, "nb", devices=["0"])
+
+    shutil.rmtree(socket_dir, ignore_errors=True)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["reason"] == "AllocatedToPod"
+    assert f"nvidia{GPU0.minor}" not in nb.ls_dev()
