@@ -582,7 +582,8 @@ class NodeService:
                     f"device {_device_label(device)} is not hot-mounted in "
                     f"{request.from_.namespace}/{request.from_.pod}"
                 )
-            source_meta = dict(record.devices[device.key].metadata)
+            source_entry = record.devices[device.key]
+            source_meta = dict(source_entry.metadata)
             if source_meta.get("holder"):
                 raise MountedByCount(
                     f"device {_device_label(device)} was mounted into "
@@ -609,7 +610,7 @@ class NodeService:
                     user,
                 )
             except Exception as exc:
-                self._roll_back(source.container_id, device, source_meta, exc)
+                self._roll_back(source.container_id, device, source_entry, request.force, exc)
                 raise
             for pod in (source_pod, target_pod):
                 self._event(
@@ -628,11 +629,25 @@ class NodeService:
             )
 
     def _roll_back(
-        self, container_id: str, device: Device, meta: dict[str, str], cause: Exception
+        self,
+        container_id: str,
+        device: Device,
+        entry: DeviceRecord,
+        force: bool,
+        cause: Exception,
     ) -> None:
+        """Put the device back as it was (its pod's group, its share). Forced only when the
+        move was: whoever claimed the device in between keeps it, and the caller hears so."""
         try:
             with self._lock(container_id):
-                self.engine.mount(container_id, [device.key], force=True, metadata=meta)
+                self.engine.mount(
+                    container_id,
+                    [device.key],
+                    force=force,
+                    metadata=dict(entry.metadata),
+                    group=entry.group,
+                    share_with=entry.shared_with,
+                )
         except HotmountError as exc:
             log.error(
                 "reassign rollback of %s failed: %s (after %s)", device.key, exc.message, cause
@@ -641,6 +656,10 @@ class NodeService:
                 cause_details = getattr(cause, "details", None) or {}
                 if isinstance(cause, ApiError):
                     cause.details = {**cause_details, "rolledBack": False}
+                else:
+                    cause.message = (
+                        f"{cause.message} (it could not go back to its source: {exc.message})"
+                    )
             return
         log.warning("reassign of %s failed (%s); it went back to its source", device.key, cause)
         if isinstance(cause, ApiError):

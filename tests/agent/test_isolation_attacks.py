@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.agent.conftest import DANA, Cluster
+from tests.agent.conftest import DANA, OLGA, Cluster
 from tests.fakes.podresources_server import FakePodResourcesServer
 from tests.support.agent import GPUS
 
@@ -69,3 +71,49 @@ def test_an_agent_started_before_the_kubelet_socket_still_checks_the_kubelet(
     assert refused.status_code == 409, refused.text
     assert refused.json()["reason"] == "AllocatedToPod"
     assert f"nvidia{GPU0.minor}" not in nb.ls_dev()
+
+
+def test_a_failed_move_never_forces_its_way_back_over_a_new_holder(cluster: Cluster) -> None:
+    """A move takes GPU 0 out of `src`; before it lands in `dst`, another tenant mounts the
+    now free GPU. The move fails (409); its roll-back must not force GPU 0 back into `src`
+    on top of the new holder: the caller has no `force`, and asked for none."""
+    src = cluster.pod("src")
+    cluster.pod("dst")
+    other = cluster.pod("other", namespace="team-b")
+    agent = cluster.agent(extra=["--kube-timeout", "600"])
+    with agent.client(DANA) as dana:
+        assert mount(dana, "src", devices=["0"]).status_code == 200
+    # The move's unmount records an event: hold it there, between the unmount and the mount.
+    stall = cluster.kube.stall(verb="create", resource="events")
+    answers: dict[str, httpx.Response] = {}
+
+    def call(name: str, token: str, path: str, body: dict[str, Any]) -> None:
+        with agent.client(token) as api:
+            answers[name] = api.post(path, json=body)
+
+    move = {"device": "0", "from": {"namespace": "default", "pod": "src"}}
+    move["to"] = {"namespace": "default", "pod": "dst"}
+    threads = [threading.Thread(target=call, args=("move", DANA, "/v1/reassign", move))]
+    threads[0].start()
+    assert stall.wait_arrived(1)  # GPU 0 has left src and is free
+    take = "/v1/namespaces/team-b/pods/other/devices"
+    threads.append(threading.Thread(target=call, args=("take", OLGA, take, {"devices": ["0"]})))
+    threads[1].start()
+    assert stall.wait_arrived(2)  # the other tenant's mount is done (its event is next)
+    stall.release()
+    for thread in threads:
+        thread.join()
+
+    assert answers["take"].status_code == 200, answers["take"].text
+    failed = answers["move"]
+    assert failed.status_code == 409, failed.text
+    assert "went back" not in failed.json()["message"], failed.text
+    assert f"nvidia{GPU0.minor}" in other.ls_dev()
+    assert f"nvidia{GPU0.minor}" not in src.ls_dev()
+    with agent.client(OLGA) as olga:
+        holders = devices_of(olga)[GPU0.uuid]["holders"]
+    assert [(h["namespace"], h["pod"]) for h in holders] == [("team-b", "other")]
+
+
+def devices_of(api: Any) -> dict[str, dict[str, Any]]:
+    return {d["key"]: d for d in api.get("/v1/devices").json()["devices"]}
