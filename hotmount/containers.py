@@ -282,16 +282,22 @@ def find_cgroup_dir(root: Path, container_id: str) -> Path | None:
 def _init_pid(host: HostRoot, pids: list[int]) -> int:
     """The container's first process.
 
-    In its own PID namespace that is the process whose innermost PID is 1. In a shared
-    one (`shareProcessNamespace`: PID 1 is the pod's pause process, in another cgroup)
-    it is the cgroup's oldest process by start time: everything else in the cgroup is
-    its descendant or an exec'd session (`kubectl exec`, probes), and started later.
-    Not the lowest PID: PIDs wrap (pid_max is 32768 on many nodes), so a later exec can
-    get a lower one. Not "the process whose parent is outside the cgroup" either: an
-    exec'd process's parent (runc, the shim) is outside too. Start times tie only within
-    one clock tick; a tie goes to a process whose parent is outside, then the lower PID.
+    Only processes of the container's own PID namespace count: the shallowest among its
+    members (fewest `NSpid` levels). A process in a PID namespace nested inside the
+    container (`unshare -Urpf` in a pod without a seccomp profile) is PID 1 of *its*
+    namespace, but one level deeper, so it never passes for the init.
+
+    Among those, in its own PID namespace the init is the process whose innermost PID is
+    1. In a shared one (`shareProcessNamespace`: PID 1 is the pod's pause process, in
+    another cgroup) it is the cgroup's oldest process by start time: everything else in
+    the cgroup is its descendant or an exec'd session (`kubectl exec`, probes), and
+    started later. Not the lowest PID: PIDs wrap (pid_max is 32768 on many nodes), so a
+    later exec can get a lower one. Not "the process whose parent is outside the cgroup"
+    either: an exec'd process's parent (runc, the shim) is outside too. Start times tie
+    only within one clock tick; a tie goes to a process whose parent is outside, then
+    the lower PID.
     """
-    oldest: tuple[int, bool, int] | None = None
+    best: tuple[int, bool, int, bool, int] | None = None
     members = set(pids)
     for pid in pids:
         proc = host.proc / str(pid)
@@ -300,12 +306,12 @@ def _init_pid(host: HostRoot, pids: list[int]) -> int:
             stat_fields = (proc / "stat").read_text().rpartition(")")[2].split()
         except OSError:
             continue  # exited meanwhile
-        for line in status.splitlines():
-            if line.startswith("NSpid:") and line.split()[-1] == "1":
-                return pid
+        nspid = next(
+            (line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), []
+        )
         # stat after the command: state ppid ... starttime is field 22 (index 19 here).
         parent, started = int(stat_fields[1]), int(stat_fields[19])
-        candidate = (started, parent in members, pid)
-        if oldest is None or candidate < oldest:
-            oldest = candidate
-    return oldest[2] if oldest is not None else pids[0]
+        candidate = (len(nspid), nspid[-1:] != ["1"], started, parent in members, pid)
+        if best is None or candidate < best:
+            best = candidate
+    return best[-1] if best is not None else pids[0]

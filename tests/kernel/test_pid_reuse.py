@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,3 +128,62 @@ def test_an_exec_with_a_lower_pid_does_not_make_reconcile_forget_the_container(
 def _pids(container: RuncContainer) -> list[int]:
     text = (container.v1_devices_dir / "cgroup.procs").read_text()
     return sorted(int(p) for p in text.split())
+
+
+def test_a_nested_pid_namespace_does_not_pass_for_the_containers_init(
+    tmp_path: Path, rootfs: Path, cdi_dir: Path, state_dir: Path
+):
+    """In a shareProcessNamespace pod the app's init is not PID 1 of its namespace. A
+    tenant starts a process in a PID namespace of its own (`unshare -Urpf`, which a pod
+    without a seccomp profile may do): that process *is* PID 1 of its namespace. Taken
+    for the init, reconcile (after an agent restart) would forget the live container and
+    free its GPU's claim while the container still has the GPU."""
+    config = EngineConfig(cdi_dirs=(str(cdi_dir),), state_dir=state_dir, use_nvml=False)
+    pause = RuncContainer(tmp_path, rootfs, "v1")
+    app = RuncContainer(tmp_path, rootfs, "v1", share_pid_with=pause)
+    nested = None
+    try:
+        Engine(config).mount(app.id, [GPU0])
+        # The tenant's process, made from the host: in the app's PID namespace, a new one
+        # nested in it (its child is PID 1 there), moved into the app container's cgroups.
+        enter = ["nsenter", f"--pid=/proc/{app.pid}/ns/pid", "--"]
+        nested = subprocess.Popen(
+            [*enter, "unshare", "--pid", "--fork", "--kill-child", "sleep", "1e6"]
+        )
+        child = _leaf_of(nested.pid)
+        assert _nspid(child)[-1] == "1" and len(_nspid(child)) > len(_nspid(app.pid))
+        for directory in (app.v1_devices_dir, app.v2_dir):  # every cgroup it inherits
+            if (directory / "cgroup.procs").exists():
+                (directory / "cgroup.procs").write_text(f"{child}\n")
+        assert child in _pids(app)
+
+        restarted = Engine(config)  # no cache: as after an agent restart
+        report = restarted.reconcile()
+
+        assert report.forgotten == [], f"init taken for PID {child}, not {app.pid}"
+        assert restarted.resolve(app.id).init_pid == app.pid
+        assert [c.owner for c in restarted.ledger.claims()] == [app.id]
+    finally:
+        if nested is not None:
+            nested.kill()
+            nested.wait()
+        app.stop()
+        pause.stop()
+
+
+def _leaf_of(pid: int) -> int:
+    """The innermost descendant of `pid`, a chain of single children (bounded wait)."""
+    deadline = time.monotonic() + 10
+    while True:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            pid = int(children[0])
+        elif Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+            return pid
+        assert time.monotonic() < deadline, "the nested process did not start"
+        time.sleep(0.05)
+
+
+def _nspid(pid: int) -> list[str]:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return next(line.split()[1:] for line in status if line.startswith("NSpid:"))
