@@ -730,7 +730,9 @@ class NodeService:
         """Delete this node's holder pods that no live mount accounts for.
 
         A holder is kept while a ledger record (of a container the engine's reconcile
-        just found alive) names it for the pod its label names. Others are deleted once
+        just found alive) names it, in its namespace; its labels decide nothing here: the
+        tenant may edit them, and a holder taken for an orphan frees its GPU in the
+        kubelet's books while the container still has it. Others are deleted once
         they have looked orphaned for `holder_orphan_grace` seconds, so that a mount in
         progress in another agent process (a rolling update) is never hit; this
         process's own mounts in progress are skipped outright. Order matters: holders
@@ -748,7 +750,7 @@ class NodeService:
         with self._in_flight_guard:
             in_flight = set(self._holders_in_flight)
         accounted = {
-            (d.metadata.get("namespace"), d.metadata.get("pod"), d.metadata.get("holder"))
+            (d.metadata.get("namespace"), d.metadata.get("holder"))
             for record in self.engine.ledger.records()
             for d in record.devices.values()
             if d.metadata.get("holder")
@@ -759,7 +761,7 @@ class NodeService:
         for holder in listed:
             key = (holder.namespace, holder.name)
             target = holder.labels.get(HOLDER_LABEL)
-            if key in in_flight or (holder.namespace, target, holder.name) in accounted:
+            if key in in_flight or key in accounted:
                 continue
             first = self._orphans_seen.get(key, now)
             if now - first < self.settings.holder_orphan_grace:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.agent.conftest import DANA, OLGA, Cluster
+from tests.agent.test_holder_leaks import after_two_reconciles
 from tests.fakes.podresources_server import FakePodResourcesServer
 from tests.support.agent import GPUS
 
@@ -117,3 +118,26 @@ def test_a_failed_move_never_forces_its_way_back_over_a_new_holder(cluster: Clus
 
 def devices_of(api: Any) -> dict[str, dict[str, Any]]:
     return {d["key"]: d for d in api.get("/v1/devices").json()["devices"]}
+
+
+def test_relabelling_a_holder_pod_does_not_get_it_collected(cluster: Cluster) -> None:
+    """A tenant may edit the labels of its namespace's pods, the holder pod of a count
+    mount included. Pointing its holder-for label at another pod must not make reconcile
+    take it for an orphan: deleting it would free the GPU in the kubelet's books while
+    the tenant's container still has it, for the scheduler to give another tenant."""
+    nb = cluster.pod("nb")
+    agent = cluster.agent(extra=["--holder-orphan-grace", "0"])
+    with agent.client(DANA) as api:
+        mounted = mount(api, "nb", count=1)
+    assert mounted.status_code == 200, mounted.text
+    holder = mounted.json()["holderPod"]
+    pod = cluster.kube.pod("default", holder)
+    assert pod is not None
+    pod["metadata"]["labels"]["hotmount.io/holder-for"] = "someone-else"
+    cluster.kube.put_pod(pod)
+
+    after_two_reconciles(agent)
+
+    assert cluster.kube.pod("default", holder) is not None
+    assert cluster.kube.free_devices("node-a") == [GPUS[1].uuid]
+    assert f"nvidia{GPU0.minor}" in nb.ls_dev() or f"nvidia{GPUS[1].minor}" in nb.ls_dev()
