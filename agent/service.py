@@ -724,7 +724,72 @@ class NodeService:
         deleted = self.collect_orphan_holders()
         if deleted:
             self.metrics.orphan_holders.inc(len(deleted))
+        self.take_back_unheld()
         return report
+
+    def take_back_unheld(self) -> list[str]:
+        """Unmount GPUs mounted by count whose holder pod is gone or finished.
+
+        The holder is what the kubelet counts the GPU against, and it lives in the
+        tenant's namespace, where the tenant may delete it. Without it the scheduler sees
+        the GPU free and may give it to another tenant's pod while this container still
+        has it: so the GPU goes (forced: the books are already wrong). Holders of mounts
+        in progress are skipped; the ledger is read again under the container's lock, so
+        a mount that came meanwhile, with a new holder, is left alone.
+        """
+        if self.kube is None:
+            return []
+        try:
+            listed = {(h.namespace, h.name) for h in self.kube.holder_pods(HOLDER_SELECTOR)}
+        except ApiError as exc:
+            log.warning("cannot list holder pods: %s", exc.message)
+            return []
+        with self._in_flight_guard:
+            in_flight = set(self._holders_in_flight)
+        taken = []
+        for record in self.engine.ledger.records():
+            by_holder: dict[tuple[str, str], list[str]] = defaultdict(list)
+            for d in record.devices.values():
+                namespace, holder = d.metadata.get("namespace"), d.metadata.get("holder")
+                if namespace and holder and (namespace, holder) not in in_flight:
+                    by_holder[(namespace, holder)].append(d.key)
+            for (namespace, holder), keys in by_holder.items():
+                if (namespace, holder) in listed:
+                    continue
+                try:
+                    pod = self.kube.find_pod(namespace, holder)
+                except ApiError as exc:
+                    log.warning("cannot read holder pod %s/%s: %s", namespace, holder, exc.message)
+                    continue
+                if pod is not None and pod.phase not in ("Failed", "Succeeded"):
+                    continue  # still there (only its labels changed): the books are right
+                ref = record.container_id or record.key
+                try:
+                    with self._lock(ref):
+                        now = self.engine.ledger.load(record.key)
+                        mine = [
+                            k
+                            for k in keys
+                            if now
+                            and k in now.devices
+                            and now.devices[k].metadata.get("holder") == holder
+                        ]
+                        if mine:
+                            self.engine.unmount(ref, mine, force=True)
+                except HotmountError as exc:
+                    log.warning("cannot take back %s from %s: %s", keys, ref, exc.message)
+                    continue
+                if mine:
+                    log.warning(
+                        "took %s back from %s: its holder pod %s/%s is gone, so the kubelet "
+                        "counts it free",
+                        ", ".join(mine),
+                        ref,
+                        namespace,
+                        holder,
+                    )
+                    taken += mine
+        return taken
 
     def collect_orphan_holders(self) -> list[str]:
         """Delete this node's holder pods that no live mount accounts for.

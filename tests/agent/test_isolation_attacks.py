@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from tests.agent.conftest import DANA, OLGA, Cluster
-from tests.agent.test_holder_leaks import after_two_reconciles
+from tests.agent.test_holder_leaks import after_two_reconciles, eventually
+from tests.fakes.kube_apiserver import AccessRule
 from tests.fakes.podresources_server import FakePodResourcesServer
 from tests.support.agent import GPUS
 
@@ -141,3 +142,26 @@ def test_relabelling_a_holder_pod_does_not_get_it_collected(cluster: Cluster) ->
     assert cluster.kube.pod("default", holder) is not None
     assert cluster.kube.free_devices("node-a") == [GPUS[1].uuid]
     assert f"nvidia{GPU0.minor}" in nb.ls_dev() or f"nvidia{GPUS[1].minor}" in nb.ls_dev()
+
+
+def test_deleting_its_holder_pod_takes_the_gpu_back(cluster: Cluster) -> None:
+    """A namespace editor may delete its own holder pod: the kubelet then counts the GPU
+    free, and the scheduler may give it to another tenant's pod, while the container
+    still has it. Reconcile takes the GPU back: the books are right again."""
+    nb = cluster.pod("nb")
+    cluster.kube.allow(AccessRule(user="dana", resource="pods", namespace="default"))
+    agent = cluster.agent(extra=["--holder-orphan-grace", "0"])
+    with agent.client(DANA) as api:
+        mounted = mount(api, "nb", count=1)
+    assert mounted.status_code == 200, mounted.text
+    body = mounted.json()
+    node = f"nvidia{GPUS[body['mounted'][0]['index']].minor}"
+    assert node in nb.ls_dev()
+    with cluster.api(DANA) as kube:
+        path = f"/api/v1/namespaces/default/pods/{body['holderPod']}"
+        assert kube.delete(path, params={"gracePeriodSeconds": 0}).status_code == 200
+
+    eventually(lambda: node not in nb.ls_dev(), "take the GPU back")
+    with agent.client(DANA) as api:
+        assert api.get("/v1/namespaces/default/pods/nb/devices").json()["containers"] == []
+    assert sorted(cluster.kube.free_devices("node-a")) == sorted(g.uuid for g in GPUS)
