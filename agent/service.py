@@ -326,7 +326,7 @@ class NodeService:
         with self._in_flight_guard:
             self._holders_in_flight.add(in_flight)
         try:
-            kube.create_pod(target.namespace, self._holder_manifest(target, name, count))
+            created = kube.create_pod(target.namespace, self._holder_manifest(target, name, count))
             try:
                 self._wait_running(target.namespace, name)
                 keys = self._holder_devices(target.namespace, name)
@@ -338,7 +338,7 @@ class NodeService:
                 done = self.engine.mount(
                     container.container_id,
                     keys,
-                    metadata={**meta, "holder": name},
+                    metadata={**meta, "holder": name, "holderUid": created.uid},
                     group=f"{target.namespace}/{target.name}",
                 )
             except BaseException:
@@ -733,35 +733,34 @@ class NodeService:
         The holder is what the kubelet counts the GPU against, and it lives in the
         tenant's namespace, where the tenant may delete it. Without it the scheduler sees
         the GPU free and may give it to another tenant's pod while this container still
-        has it: so the GPU goes (forced: the books are already wrong). Holders of mounts
+        has it: so the GPU goes (forced: the books are already wrong). The holder is
+        known by its uid too: a new pod the tenant gives the same name stands in for
+        nothing. Holders of mounts
         in progress are skipped; the ledger is read again under the container's lock, so
         a mount that came meanwhile, with a new holder, is left alone.
         """
         if self.kube is None:
             return []
-        try:
-            listed = {(h.namespace, h.name) for h in self.kube.holder_pods(HOLDER_SELECTOR)}
-        except ApiError as exc:
-            log.warning("cannot list holder pods: %s", exc.message)
-            return []
         with self._in_flight_guard:
             in_flight = set(self._holders_in_flight)
         taken = []
         for record in self.engine.ledger.records():
-            by_holder: dict[tuple[str, str], list[str]] = defaultdict(list)
+            by_holder: dict[tuple[str, str, str], list[str]] = defaultdict(list)
             for d in record.devices.values():
                 namespace, holder = d.metadata.get("namespace"), d.metadata.get("holder")
                 if namespace and holder and (namespace, holder) not in in_flight:
-                    by_holder[(namespace, holder)].append(d.key)
-            for (namespace, holder), keys in by_holder.items():
-                if (namespace, holder) in listed:
-                    continue
+                    by_holder[(namespace, holder, d.metadata.get("holderUid", ""))].append(d.key)
+            for (namespace, holder, uid), keys in by_holder.items():
                 try:
                     pod = self.kube.find_pod(namespace, holder)
                 except ApiError as exc:
                     log.warning("cannot read holder pod %s/%s: %s", namespace, holder, exc.message)
                     continue
-                if pod is not None and pod.phase not in ("Failed", "Succeeded"):
+                if (
+                    pod is not None
+                    and pod.phase not in ("Failed", "Succeeded")
+                    and (not uid or pod.uid == uid)  # not another pod of the same name
+                ):
                     continue  # still there (only its labels changed): the books are right
                 ref = record.container_id or record.key
                 try:

@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.agent.conftest import DANA, OLGA, Cluster
+from tests.agent.conftest import AGENT_TOKEN, DANA, OLGA, Cluster
 from tests.agent.test_holder_leaks import after_two_reconciles, eventually
 from tests.fakes.kube_apiserver import AccessRule
 from tests.fakes.podresources_server import FakePodResourcesServer
-from tests.support.agent import GPUS
+from tests.support.agent import GPUS, pod_manifest
 
 pytestmark = pytest.mark.kernel
 GPU0 = GPUS[0]
@@ -164,4 +164,31 @@ def test_deleting_its_holder_pod_takes_the_gpu_back(cluster: Cluster) -> None:
     eventually(lambda: node not in nb.ls_dev(), "take the GPU back")
     with agent.client(DANA) as api:
         assert api.get("/v1/namespaces/default/pods/nb/devices").json()["containers"] == []
+    assert sorted(cluster.kube.free_devices("node-a")) == sorted(g.uuid for g in GPUS)
+
+
+def test_a_pod_of_the_same_name_does_not_stand_in_for_a_deleted_holder(
+    cluster: Cluster,
+) -> None:
+    """The tenant deletes its holder pod and at once creates another pod of the same name
+    (labels and all) that asks for no GPU. The kubelet counts the GPU free; reconcile
+    must see through the name (the uid differs) and take the GPU back."""
+    nb = cluster.pod("nb")
+    agent = cluster.agent(extra=["--holder-orphan-grace", "3600"])
+    with agent.client(DANA) as api:
+        mounted = mount(api, "nb", count=1)
+    assert mounted.status_code == 200, mounted.text
+    body = mounted.json()
+    node = f"nvidia{GPUS[body['mounted'][0]['index']].minor}"
+    holder = cluster.kube.pod("default", body["holderPod"])
+    assert holder is not None
+    with cluster.api(AGENT_TOKEN) as kube:  # as the tenant would, with its edit rights
+        path = f"/api/v1/namespaces/default/pods/{body['holderPod']}"
+        assert kube.delete(path, params={"gracePeriodSeconds": 0}).status_code == 200
+    impostor = pod_manifest(body["holderPod"], None)
+    impostor["metadata"]["labels"] = holder["metadata"]["labels"]
+    impostor["status"]["phase"] = "Running"
+    cluster.kube.put_pod(impostor)
+
+    eventually(lambda: node not in nb.ls_dev(), "take the GPU back")
     assert sorted(cluster.kube.free_devices("node-a")) == sorted(g.uuid for g in GPUS)
