@@ -220,6 +220,7 @@ class Node:
     def _claim_machine(self) -> None:
         if run("ss", "-Hltn", "sport = :10250", check=False).stdout.strip():
             raise RuntimeError("port 10250 is taken: another kubelet runs on this machine")
+        _clear_leftovers(self.bin_dir)
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         # The veth pair: the node IP on one end, since the kubelet refuses loopback.
         run("ip", "link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
@@ -559,6 +560,27 @@ disabled_plugins = [
             return
         self.kubectl("delete", "daemonsets,deployments,pods", "--all", "--all-namespaces",
                      "--wait=true", "--timeout=60s", check=False, timeout=90)  # fmt: skip
+
+
+def _clear_leftovers(bin_dir: Path) -> None:
+    """What an earlier run killed before its teardown left behind (CI runs again on the
+    same machine): its processes, the kubelet's directory, cgroups, links and rules.
+    Called only when no kubelet listens, so nothing here belongs to a live node."""
+    markers = (str(bin_dir) + "/", "/dev/shm/hotmount-k8s-etcd-", "/k8s-node")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if any(marker in command for marker in markers):
+                os.kill(int(entry.name), signal.SIGKILL)
+    _remove_cgroups()
+    _unmount_under(KUBELET_DIR, remove=True)
+    for link in (VETH[0], BRIDGE):
+        run("ip", "link", "del", link, check=False)
+    _remove_iptables_chains()
+    for etcd_dir in Path("/dev/shm").glob("hotmount-k8s-etcd-*"):
+        shutil.rmtree(etcd_dir, ignore_errors=True)
 
 
 def _listdir(path: Path) -> list[str]:
