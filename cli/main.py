@@ -24,12 +24,15 @@ from pathlib import Path
 from typing import Annotated, Any, get_type_hints
 
 import typer
+from pydantic import TypeAdapter, ValidationError
 
 from agent.schemas import (
     ContainerDevices,
+    ContainerName,
     DeviceHolder,
     DeviceInfo,
     DeviceList,
+    KubeName,
     MountedDevice,
     MountResult,
     PodDevices,
@@ -581,6 +584,29 @@ Name = Annotated[str | None, typer.Option("--name", metavar="POD", help="the pod
 Force = Annotated[bool, typer.Option("--force", help="stop processes holding the device")]
 
 
+def _check_names(containers: list[str], share_with: str | None) -> None:
+    """Name the flag, not the wire field, when a name cannot be one (before any request)."""
+    for value in containers:
+        if value != "*" and not _valid(ContainerName, value):
+            raise UsageError(
+                f"--container {value!r} is not a container name "
+                "(lower-case letters, digits and '-'), nor '*'"
+            )
+    if share_with is not None and not _valid(KubeName, share_with):
+        raise UsageError(
+            f"--share-with {share_with!r} is not a pod name: give a pod of the same "
+            "namespace (lower-case letters, digits, '-' and '.'; no namespace/)"
+        )
+
+
+def _valid(kind: Any, value: str) -> bool:
+    try:
+        TypeAdapter(kind).validate_python(value)
+    except ValidationError:
+        return False
+    return True
+
+
 def _target(opts: Common, name: str | None, container: str | None) -> tuple[str, str | None]:
     """('pod', name) or ('container', ID): what a mount, unmount or status is about."""
     if opts.local:
@@ -666,6 +692,8 @@ def mount(
     kind, target = _target(opts, name, single)
     if (opts.local or kind == "container") and (len(containers) > 1 or share_with):
         raise UsageError("several containers and --share-with work on pods, not with --local")
+    if kind == "pod":
+        _check_names(containers, share_with)
     if opts.local:
         if count is not None:
             raise UsageError("--count needs the scheduler: it does not work with --local")

@@ -4,7 +4,9 @@ It answers from a two-GPU node with canned results shaped by `agent.schemas`,
 validates every request body against those models (422 `Invalid` otherwise),
 and records what it received (path, query, body, headers, the TLS peer's CN)
 so tests can check what nvcli sent. `fail(...)` makes matching requests answer
-a `Status`; `delay` holds every answer back (for timeouts).
+a `Status`; `delay` holds every answer back (for timeouts). Pods have the
+containers `main` and `side` (`"*"` means both); a mount with `shareWith` is
+remembered, so the pod's status then shows the other holder.
 
 Direct REST (`/v1`) demands `Authorization: Bearer <token>` when `token` is set.
 The aggregated face demands `X-Remote-User` and, when `client_ca` is set, a
@@ -14,6 +16,7 @@ the API server's front-proxy certificate).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import ssl
@@ -36,6 +39,7 @@ GPUS = [
     {"index": 1, "uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001", "minor": 1},
 ]
 CONTAINER_ID = "c" * 64
+POD_CONTAINERS = ["main", "side"]
 PREFIX = "/apis/hotmount.io/v1alpha1"
 
 
@@ -55,6 +59,13 @@ def _mounted(gpu: dict[str, Any]) -> dict[str, Any]:
         "uuid": gpu["uuid"],
         "paths": [f"/dev/nvidia{gpu['minor']}", "/dev/nvidiactl"],
     }
+
+
+def container_id(name: str | None) -> str:
+    """`main` (the default) is CONTAINER_ID; any other name gets its own ID."""
+    if name in (None, "main"):
+        return CONTAINER_ID
+    return hashlib.sha256(str(name).encode()).hexdigest()
 
 
 def status(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict:
@@ -107,6 +118,7 @@ class StubAgent:
     delay: float = 0.0
     received: list[Received] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    shares: dict[tuple[str | None, str | None], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._server: ThreadingHTTPServer | None = None
@@ -322,14 +334,18 @@ class StubAgent:
             )
         return {"node": NODE, "devices": devices}
 
-    @staticmethod
-    def _pod_devices(ns: str | None, pod: str | None) -> dict[str, Any]:
+    def _pod_devices(self, ns: str | None, pod: str | None) -> dict[str, Any]:
+        device = _mounted(GPUS[1])
+        if (other := self.shares.get((ns, pod))) is not None:
+            device["sharedWith"] = other
+            device["otherHolders"] = [
+                {"source": "hotmount", "namespace": ns, "pod": other, "container": "main",
+                 "containerId": "f" * 64, "device": GPUS[1]["uuid"]}
+            ]  # fmt: skip
         return {
             "namespace": ns,
             "pod": pod,
-            "containers": [
-                {"container": "main", "containerId": CONTAINER_ID, "devices": [_mounted(GPUS[1])]}
-            ],
+            "containers": [{"container": "main", "containerId": CONTAINER_ID, "devices": [device]}],
         }
 
     def _mount(self, ns: str | None, pod: str | None, body: Any) -> dict[str, Any]:
@@ -343,15 +359,28 @@ class StubAgent:
         else:
             gpus = [self._resolve(r) for r in request.devices or []]
             holder = None
-        return {
-            "namespace": ns,
-            "pod": pod,
-            "container": request.container or ("main" if pod else None),
-            "containerId": CONTAINER_ID,
-            "mounted": [_mounted(g) for g in gpus if g["index"] != 1],
-            "alreadyMounted": [_mounted(g) for g in gpus if g["index"] == 1],
-            "holderPod": holder,
-        }
+        names = request.container_names()
+        names = POD_CONTAINERS if names == ["*"] else names
+        if request.share_with is not None:
+            self.shares[(ns, pod)] = request.share_with
+        done = [
+            {
+                "container": name or ("main" if pod else None),
+                "containerId": container_id(name),
+                "mounted": [self._into(g, request.share_with) for g in gpus if g["index"] != 1],
+                "alreadyMounted": [self._into(g, None) for g in gpus if g["index"] == 1],
+            }
+            for name in names
+        ]
+        several = done if request.containers is not None else []
+        return {"namespace": ns, "pod": pod, **done[0], "holderPod": holder, "containers": several}
+
+    @staticmethod
+    def _into(gpu: dict[str, Any], share_with: str | None) -> dict[str, Any]:
+        mounted = _mounted(gpu)
+        if share_with is not None:
+            mounted["sharedWith"] = share_with
+        return mounted
 
     def _unmount(
         self, ns: str | None, pod: str | None, refs: list[str] | None, query: dict[str, list[str]]
