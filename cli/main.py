@@ -362,6 +362,8 @@ def explain(err: HotmountClientError, args: dict[str, Any], opts: Common) -> str
     device = details.get("device") or details.get("name")
     what = _device_words([str(device)] if device and not refs else refs)
     container = details.get("container") or args.get("container")
+    if isinstance(container, list):  # mount's --container may be repeated
+        container = ", ".join(container)
     if isinstance(err, Busy) and err.holders:
         procs = ", ".join(f"PID {h.get('pid')} ({h.get('command') or '?'})" for h in err.holders)
         where = f" in container {container}" if container else ""
