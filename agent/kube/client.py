@@ -242,13 +242,13 @@ class KubeClient:
         )
         try:
             self.core.create_namespaced_event(pod.namespace, event)
-        except ApiException as exc:
+        except Exception as exc:  # the work is done: an Event must never turn it into a 500
             log.warning(
                 "could not record event %s on %s/%s: %s",
                 reason,
                 pod.namespace,
                 pod.name,
-                exc.reason,
+                getattr(exc, "reason", None) or exc,
             )
 
     # -- configmaps

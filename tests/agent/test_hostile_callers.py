@@ -219,6 +219,21 @@ def test_a_hung_api_server_costs_a_timeout_not_a_worker(cluster: Cluster) -> Non
         stall.release()
 
 
+def test_an_event_that_cannot_be_written_does_not_fail_a_done_mount(cluster: Cluster) -> None:
+    """The Event comes after the work: a hung Events API must not turn a mount into a 500."""
+    container = cluster.pod("nb")
+    agent = cluster.agent(extra=["--kube-timeout", "1"])
+    stall = cluster.kube.stall(verb="create", resource="events")
+    try:
+        with agent.client(ALICE) as alice:
+            answer = alice.post(MOUNT, json={"devices": ["nvidia.com/gpu=1"]})
+        assert answer.status_code == 200, answer.text
+        assert stall.arrived == 1
+        assert container.open_result("/dev/nvidia1") == "OK"  # granted, as answered
+    finally:
+        stall.release()
+
+
 def test_a_hung_agent_costs_a_timeout_not_a_worker(cluster: Cluster) -> None:
     """node-b's "agent" accepts connections and never answers."""
     with socket.socket() as hung:
