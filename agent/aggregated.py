@@ -189,10 +189,7 @@ def create_gpumount(
     pod = body.metadata.name
     if body.metadata.namespace not in (None, namespace):
         raise BadRequest(f"metadata.namespace {body.metadata.namespace} is not {namespace}")
-    authz.require(caller, "create", namespace, pod)
-    if body.spec.share_with:  # sharing across pods: the caller may mount into both
-        authz.require(caller, "create", namespace, body.spec.share_with)
-    authz.require_force(caller, body.spec.force, (namespace, pod))
+    authz.require_mount(caller, namespace, pod, body.spec.share_with, body.spec.force)
     spec = body.spec.model_dump(by_alias=True, exclude_none=True)
 
     def mount() -> dict[str, Any]:

@@ -287,6 +287,15 @@ class Authorizer:
                 {"group": API_GROUP, "kind": resource, "name": name},
             )
 
+    def require_mount(
+        self, identity: Identity, namespace: str, pod: str, share_with: str | None, force: bool
+    ) -> None:
+        """A mount: `create` on the pod, on the pod it shares with too, and `force` if forced."""
+        self.require(identity, "create", namespace, pod)
+        if share_with:  # sharing across pods: the caller may mount into both
+            self.require(identity, "create", namespace, share_with)
+        self.require_force(identity, force, (namespace, pod))
+
     def require_force(self, identity: Identity, force: bool, *pods: tuple[str, str]) -> None:
         """A forced operation also needs `force` on every pod it touches (both, for a move)."""
         if force:

@@ -58,10 +58,7 @@ def mount(
     service: Service,
     gateway: Gate,
 ) -> MountResult | Any:
-    authz.require(caller, "create", namespace, pod)
-    if body.share_with:  # sharing across pods: the caller may mount into both
-        authz.require(caller, "create", namespace, body.share_with)
-    authz.require_force(caller, body.force, (namespace, pod))
+    authz.require_mount(caller, namespace, pod, body.share_with, body.force)
     return local_or_forward(
         lambda: service.mount_pod(namespace, pod, body, caller.name),
         request,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent.conftest import Cluster as RealCluster
 from tests.cli.stub_agent import StubAgent
 from tests.fakes import AccessRule, CertificateAuthority, FakeKubeApiServer, FrontProxy
 
@@ -101,3 +102,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             AccessRule(group="ml-team", api_group="hotmount.io", resource="reassignments")
         )
         yield Cluster(apiserver, agent, apiserver.ca, tmp_path)
+
+
+@pytest.fixture
+def real(tmp_path: Path, rootfs: Path, cdi_dir: Path) -> Iterator[RealCluster]:
+    """A real agent process and real runc pods behind the fake API server (tests/agent)."""
+    made = RealCluster(tmp_path, rootfs, cdi_dir)
+    try:
+        yield made
+    finally:
+        made.close()

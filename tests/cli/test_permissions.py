@@ -8,7 +8,7 @@ resource, verb, scope and role to ask for, and change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,15 +23,6 @@ from tests.support.agent import GPUS
 Nvcli = Callable[..., Run]
 NVIDIA3 = f"/dev/nvidia{GPUS[0].minor}"  # GPU 0
 PREFIX = "/apis/hotmount.io/v1alpha1"
-
-
-@pytest.fixture
-def real(tmp_path: Path, rootfs: Path, cdi_dir: Path) -> Iterator[Cluster]:
-    made = Cluster(tmp_path, rootfs, cdi_dir)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def test_move_within_a_namespace_is_namespaced(stub_cluster: StubCluster) -> None:

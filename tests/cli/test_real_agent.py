@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,15 +23,6 @@ from tests.support.agent import GPUS, AgentProcess, agent_pod_manifest, free_por
 pytestmark = pytest.mark.kernel
 Nvcli = Callable[..., Run]
 GPU1 = "nvidia.com/gpu=1"
-
-
-@pytest.fixture
-def real(tmp_path: Path, rootfs: Path, cdi_dir: Path) -> Iterator[Cluster]:
-    made = Cluster(tmp_path, rootfs, cdi_dir)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def flags(agent: AgentProcess, token: str = ALICE) -> list[str]:

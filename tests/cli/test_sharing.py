@@ -8,8 +8,7 @@ The last test runs them against the real agent and two-container runc pods.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -135,15 +134,6 @@ def test_a_bad_name_is_a_usage_error_before_any_request(
 
 
 # -- the real agent -------------------------------------------------------------------------
-
-
-@pytest.fixture
-def real(tmp_path: Path, rootfs: Path, cdi_dir: Path) -> Iterator[RealCluster]:
-    made = RealCluster(tmp_path, rootfs, cdi_dir)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 @pytest.mark.kernel
