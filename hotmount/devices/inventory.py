@@ -12,11 +12,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from hotmount import claims
-from hotmount.devices import cdi, mig, nvidia
+from hotmount import claims, topology
+from hotmount.devices import cdi, mig, nvidia, rdma
 from hotmount.devices.model import Device, DeviceKind, DeviceNode
 from hotmount.errors import DeviceNotFound, InvalidDeviceRef
 from hotmount.hostfs import HostRoot
+from hotmount.topology import PciLocation
 
 DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
@@ -24,6 +25,7 @@ _INDEX = re.compile(r"^\d{1,3}$")
 _MIG_ALIAS = re.compile(r"^\d{1,3}:\d{1,3}:\d{1,3}$")  # <gpu index>:<gi>:<ci>
 _UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/_-]{1,120}$")
 _CDI = re.compile(r"^[a-z0-9.-]+/[a-zA-Z0-9_.-]+=[a-zA-Z0-9_.:-]+$")
+_RDMA = re.compile(r"^rdma/[A-Za-z0-9_.-]{1,64}$")  # rdma/mlx5_0, rdma/uverbs0
 _RAW = re.compile(r"^([abc]\s+)?(\d+|\*):(\d+|\*)(\s+[rwm]+)?$")
 
 
@@ -37,10 +39,12 @@ def check_ref(ref: str) -> str:
         )
     if ref.startswith("/"):
         raise InvalidDeviceRef(f"{ref!r} is a path; name a device from the inventory")
-    if not (_INDEX.match(ref) or _MIG_ALIAS.match(ref) or _UUID.match(ref) or _CDI.match(ref)):
+    forms = (_INDEX, _MIG_ALIAS, _UUID, _CDI, _RDMA)
+    if not any(form.match(ref) for form in forms):
         raise InvalidDeviceRef(
             f"{ref!r} is not a device name: use an index (0), a MIG index (0:1:0), "
-            "a UUID (GPU-..., MIG-...) or a CDI name (vendor/class=name)"
+            "a UUID (GPU-..., MIG-...), a CDI name (vendor/class=name) "
+            "or an RDMA device (rdma/mlx5_0)"
         )
     return ref
 
@@ -49,6 +53,8 @@ def check_ref(ref: str) -> str:
 class Inventory:
     devices: list[Device]
     refused: dict[str, str] = field(default_factory=dict)
+    # Where each device sits on the PCIe tree (GPUs and RDMA NICs whose place is known).
+    locations: dict[str, PciLocation] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.devices = fold_aliases(self.devices)
@@ -60,7 +66,10 @@ class Inventory:
                 if _CDI.match(name):
                     self._by_cdi_name.setdefault(name.partition("=")[2], device)
         self._ignore = claims.CONTROL_NUMBERS | {
-            (n.major, n.minor) for d in self.devices for n in d.shared_nodes
+            (n.major, n.minor)
+            for d in self.devices
+            for n in (*d.shared_nodes, *d.nodes)
+            if n in d.shared_nodes or n.path == rdma.RDMA_CM_PATH
         }
         self._footprints = {d.key: claims.footprint(d, self._ignore) for d in self.devices}
 
@@ -91,8 +100,14 @@ class Inventory:
                     )
                 )
             devices += _mig_devices(host, by_minor, control)
+        rdma_cm = rdma.rdma_cm_node(host)
+        nics = rdma.nics(host)
+        devices += [rdma.device(nic, rdma_cm) for nic in nics]
         found = cdi.load_specs(host, list(cdi_dirs))
-        return cls(devices + found.devices, found.refused)
+        cdi_devices = [_with_rdma_cm(d, rdma_cm) for d in found.devices]
+        every = devices + cdi_devices
+        locations = _locations(host, every, {rdma.RDMA_PREFIX + n.name: n for n in nics})
+        return cls(every, found.refused, locations)
 
     def resolve(self, ref: str) -> Device:
         ref = check_ref(ref)
@@ -112,6 +127,44 @@ class Inventory:
         if not chosen:
             raise InvalidDeviceRef("no device named")
         return list(chosen.values())
+
+    def location(self, device: Device) -> PciLocation | None:
+        """A device's PCIe place; a MIG instance sits where its parent GPU does."""
+        found = self.locations.get(device.key)
+        if found is None and device.parent is not None:
+            found = self.locations.get(device.parent)
+        return found
+
+    def rdma_devices(self) -> list[Device]:
+        return [d for d in self.devices if rdma.is_rdma(d)]
+
+    def nearest_rdma(self, device: Device) -> Device:
+        """The RDMA device nearest `device` by hotmount/topology.py's rule, or a clear error."""
+        candidates = {d.key: loc for d in self.rdma_devices() if (loc := self.location(d))}
+        if not candidates:
+            raise DeviceNotFound("withRdma: this node's inventory has no RDMA device")
+        target = self.location(device)
+        if target is None:
+            raise InvalidDeviceRef(
+                f"withRdma: the PCIe place of {device.key} is unknown, so no NIC is nearest; "
+                "name the RDMA device instead (rdma/<name>)"
+            )
+        chosen = topology.nearest(target, candidates)
+        assert chosen is not None
+        return self._by_name[chosen]
+
+    def nearest_gpus(self) -> dict[str, list[Device]]:
+        """RDMA key -> the GPUs for which it is the nearest NIC (what withRdma picks)."""
+        nics = {d.key: loc for d in self.rdma_devices() if (loc := self.location(d))}
+        gpus = {
+            d.key: loc
+            for d in self.devices
+            if d.kind is not DeviceKind.MIG
+            and not rdma.is_rdma(d)
+            and (loc := self.location(d)) is not None
+        }
+        picked = topology.nearest_of_each(gpus, nics)
+        return {nic: [self._by_name[g] for g in keys] for nic, keys in picked.items()}
 
     def get(self, key: str) -> Device | None:
         return self._by_name.get(key)
@@ -155,6 +208,40 @@ def fold_aliases(devices: list[Device]) -> list[Device]:
             continue
         by_nodes.setdefault(nodes, len(out))
         out.append(device)
+    return out
+
+
+def _with_rdma_cm(device: Device, rdma_cm: DeviceNode | None) -> Device:
+    """rdma_cm goes with every RDMA device, also one a CDI spec declares without it."""
+    if rdma_cm is None or not rdma.is_rdma(device):
+        return device
+    if any(n.path == rdma.RDMA_CM_PATH for n in device.all_nodes):
+        return device
+    return replace(device, shared_nodes=(*device.shared_nodes, rdma_cm))
+
+
+def _locations(
+    host: HostRoot, devices: list[Device], nics: dict[str, rdma.RdmaNic]
+) -> dict[str, PciLocation]:
+    """PCIe places: a GPU's from its bus id, an RDMA NIC's from its sysfs device, anything
+    else (CDI devices) from `/sys/dev/char` of its first own node that has one."""
+    out: dict[str, PciLocation] = {}
+    for device in devices:
+        found: PciLocation | None = None
+        nic = nics.get(device.key)
+        if nic is not None:
+            found = nic.location
+        elif device.pci_bus_id is not None and device.kind is DeviceKind.GPU:
+            found = topology.locate(host, device.pci_bus_id)
+        elif device.kind is DeviceKind.CDI:
+            for node in device.nodes:
+                if node.path == rdma.RDMA_CM_PATH:
+                    continue
+                found = topology.char_device_location(host, node.major, node.minor)
+                if found is not None:
+                    break
+        if found is not None:
+            out[device.key] = found
     return out
 
 

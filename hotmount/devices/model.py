@@ -18,6 +18,7 @@ class DeviceKind(StrEnum):
     GPU = "gpu"
     MIG = "mig"
     CDI = "cdi"
+    RDMA = "rdma"
 
 
 # Access bits, as in the kernel's BPF_DEVCG_ACC_* and the v1 "rwm" letters.
@@ -100,6 +101,8 @@ class Device:
     minor: int | None = None
     parent: str | None = None
     aliases: tuple[str, ...] = field(default=())
+    numa_node: int | None = None
+    netdevs: tuple[str, ...] = ()  # an RDMA NIC's network interfaces
 
     @property
     def all_nodes(self) -> tuple[DeviceNode, ...]:
@@ -115,6 +118,8 @@ class Device:
             "minor": self.minor,
             "parent": self.parent,
             "aliases": list(self.aliases),
+            "numaNode": self.numa_node,
+            "netdevs": list(self.netdevs),
             "nodes": [n.as_dict() for n in self.nodes],
             "sharedNodes": [n.as_dict() for n in self.shared_nodes],
         }
