@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from hotmount import claims, plan, usage
+from hotmount import claims, companions, plan, usage
 from hotmount.cgroups.detect import CgroupLayout, detect
 from hotmount.cgroups.v1 import V1Devices, allows
 from hotmount.cgroups.v2 import V2Devices
@@ -50,6 +50,7 @@ class EngineConfig:
     use_nvml: bool = True
     node_method: str = "auto"  # auto | openat2 | setns
     stop_grace: float = 10.0
+    sys_root: Path | None = None  # where /sys is read for RDMA and PCIe places (default: host)
 
 
 @dataclass
@@ -143,7 +144,10 @@ class Engine:
         self.inventory = self.load_inventory()
 
     def load_inventory(self) -> Inventory:
-        self.inventory = Inventory.load(self.host, self.config.cdi_dirs, self.config.use_nvml)
+        sys_host = HostRoot(self.config.sys_root) if self.config.sys_root else None
+        self.inventory = Inventory.load(
+            self.host, self.config.cdi_dirs, self.config.use_nvml, sys_host=sys_host
+        )
         return self.inventory
 
     def resolve(self, ref: str | ContainerRef) -> Container:
@@ -171,14 +175,20 @@ class Engine:
         *,
         group: str | None = None,
         share_with: str | None = None,
+        with_rdma: bool = False,
+        rdma: list[str] | None = None,
     ) -> MountResult:
         """Mount `device_refs` into one container.
 
         `group`: who may share these devices without asking (a pod: several of its
         containers); default the container alone. `share_with`: a group whose hold on
         the same physical devices this mount joins on purpose (hotmount/claims.py).
+        `with_rdma`, `rdma`: RDMA devices that come and go with these GPUs
+        (hotmount/companions.py).
         """
         devices = self.inventory.resolve_all(device_refs)
+        riders = companions.rdma_for(self.inventory, devices, with_rdma, rdma or ())
+        devices += [device for device, _ in riders.values()]
         container = ref if isinstance(ref, Container) else self.resolve(ref)
         with _Liveness(self.host, container) as alive, self.ledger.lock(container.key):
             record = self._record_for(container, alive.start_time)
@@ -186,7 +196,10 @@ class Engine:
                 self._finish_pending(record, container)
             new = [d for d in devices if d.key not in record.devices]
             already = [_mounted(d) for d in devices if d.key in record.devices]
+            companions.note(record, riders)
             if not new:
+                if riders:
+                    self.ledger.save(record)
                 return MountResult(container.as_dict(), [], already)
             with self._fs(container) as fs:
                 pending = self._plan(record, new, fs)
@@ -215,6 +228,7 @@ class Engine:
                     metadata=metadata or {},
                     group=group,
                     shared_with=joined.get(device.key),
+                    with_devices=riders[device.key][1] if device.key in riders else [],
                 )
             record.pending = None
             self.ledger.save(record)
@@ -334,7 +348,7 @@ class Engine:
             record = self._record_for(container, alive.start_time)
             if record.pending is not None:
                 self._finish_pending(record, container)
-            keys = self._keys(record, device_refs)
+            keys = companions.leaving_with(record, self._keys(record, device_refs))
             targets = [k for k in keys if k in record.devices]
             missing = [k for k in keys if k not in record.devices]
             if not targets:

@@ -66,6 +66,7 @@ class DeviceRecord(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     group: str | None = None  # who may share it without asking (see hotmount/claims.py)
     shared_with: str | None = None  # the group it joined on purpose
+    with_devices: list[str] = Field(default_factory=list)  # RDMA: the GPUs it came with
 
 
 class PendingOp(BaseModel):

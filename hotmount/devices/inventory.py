@@ -79,7 +79,11 @@ class Inventory:
         host: HostRoot,
         cdi_dirs: Iterable[str] = DEFAULT_CDI_DIRS,
         use_nvml: bool = True,
+        sys_host: HostRoot | None = None,
     ) -> Inventory:
+        """`sys_host`: where `/sys` is read for RDMA devices and PCIe places (default
+        `host`; tests give a fixture sysfs beside the real /proc)."""
+        sys_host = sys_host or host
         gpus = (nvidia.gpus_from_nvml() if use_nvml else None) or nvidia.gpus_from_procfs(host)
         devices: list[Device] = []
         if gpus:
@@ -100,13 +104,13 @@ class Inventory:
                     )
                 )
             devices += _mig_devices(host, by_minor, control)
-        rdma_cm = rdma.rdma_cm_node(host)
-        nics = rdma.nics(host)
+        rdma_cm = rdma.rdma_cm_node(sys_host)
+        nics = rdma.nics(sys_host)
         devices += [rdma.device(nic, rdma_cm) for nic in nics]
         found = cdi.load_specs(host, list(cdi_dirs))
         cdi_devices = [_with_rdma_cm(d, rdma_cm) for d in found.devices]
         every = devices + cdi_devices
-        locations = _locations(host, every, {rdma.RDMA_PREFIX + n.name: n for n in nics})
+        locations = _locations(sys_host, every, {rdma.RDMA_PREFIX + n.name: n for n in nics})
         return cls(every, found.refused, locations)
 
     def resolve(self, ref: str) -> Device:

@@ -29,14 +29,15 @@ class FixtureNic:
     numa: int
     uverbs: int  # uverbsN; minor 192 + N
     netdev: str
+    number: tuple[int, int] | None = None  # default 231:(192 + N); kernel tests pick stand-ins
 
     @property
     def bus_id(self) -> str:
         return self.path[-1]
 
     @property
-    def minor(self) -> int:
-        return 192 + self.uverbs
+    def dev(self) -> tuple[int, int]:
+        return self.number or (UVERBS_MAJOR, 192 + self.uverbs)
 
 
 GPU_PATHS = {
@@ -78,7 +79,7 @@ def add_nic(root: Path, nic: FixtureNic, *, ibdev_file: bool = True) -> None:
     base = root / directory.lstrip("/")
     verbs = base / "infiniband_verbs" / f"uverbs{nic.uverbs}"
     verbs.mkdir(parents=True)
-    (verbs / "dev").write_text(f"{UVERBS_MAJOR}:{nic.minor}\n")
+    (verbs / "dev").write_text(f"{nic.dev[0]}:{nic.dev[1]}\n")
     if ibdev_file:
         (verbs / "ibdev").write_text(f"{nic.name}\n")
     (base / "infiniband" / nic.name).mkdir(parents=True)
@@ -87,7 +88,7 @@ def add_nic(root: Path, nic: FixtureNic, *, ibdev_file: bool = True) -> None:
     (base / "net" / nic.netdev).mkdir(parents=True)
     _link(
         root,
-        f"/sys/dev/char/{UVERBS_MAJOR}:{nic.minor}",
+        f"/sys/dev/char/{nic.dev[0]}:{nic.dev[1]}",
         f"{directory}/infiniband_verbs/uverbs{nic.uverbs}",
     )
 
@@ -95,9 +96,11 @@ def add_nic(root: Path, nic: FixtureNic, *, ibdev_file: bool = True) -> None:
 def add_char_device(root: Path, major: int, minor: int, bus_id: str) -> None:
     """`/sys/dev/char/<major>:<minor>` for a device under PCI `bus_id` (a DRM-style node)."""
     device = os.path.realpath(root / f"sys/bus/pci/devices/{bus_id}")
-    cls = Path(device) / "char" / f"node{minor}"
+    cls = Path(device) / "char" / f"node{major}_{minor}"
     cls.mkdir(parents=True, exist_ok=True)
-    _link(root, f"/sys/dev/char/{major}:{minor}", "/" + str(cls.relative_to(root)))
+    _link(
+        root, f"/sys/dev/char/{major}:{minor}", "/" + str(cls.relative_to(os.path.realpath(root)))
+    )
 
 
 def build_sysfs(root: Path, nics: tuple[FixtureNic, ...] = NICS) -> Path:
