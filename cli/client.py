@@ -57,6 +57,57 @@ from agent.schemas import (
     Status,
     UnmountResult,
 )
+from cli import __version__
+from cli.errors import (
+    DEFAULT_REASON,
+    DEFAULT_TIMEOUT,
+    EXIT_AUTH,
+    EXIT_CONFLICT,
+    EXIT_ERROR,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    Busy,
+    Conflict,
+    Forbidden,
+    HotmountClientError,
+    InvalidRequest,
+    NotFound,
+    Timeout,
+    Unauthorized,
+    Unavailable,
+    error_for,
+    make_status,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "EXIT_AUTH",
+    "EXIT_CONFLICT",
+    "EXIT_ERROR",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_TIMEOUT",
+    "EXIT_USAGE",
+    "AgentTransport",
+    "AggregatedTransport",
+    "Busy",
+    "Conflict",
+    "Forbidden",
+    "HotmountClient",
+    "HotmountClientError",
+    "InvalidRequest",
+    "NotFound",
+    "Timeout",
+    "Unauthorized",
+    "Unavailable",
+    "error_for",
+    "http_client",
+    "make_status",
+    "merge_unmounts",
+    "status_from_response",
+]
 
 log = logging.getLogger("nvcli.http")
 M = TypeVar("M", bound=BaseModel)
@@ -64,118 +115,6 @@ M = TypeVar("M", bound=BaseModel)
 API_GROUP = "hotmount.io"
 API_VERSION = "v1alpha1"
 AGGREGATED_PREFIX = f"/apis/{API_GROUP}/{API_VERSION}"
-DEFAULT_TIMEOUT = 120.0
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
-EXIT_NOT_FOUND, EXIT_AUTH, EXIT_TIMEOUT = 4, 5, 6
-
-
-# -- errors ---------------------------------------------------------------------------------
-
-
-class HotmountClientError(Exception):
-    """Base of every error the client raises; `status` is the agent's `Status` body."""
-
-    exit_code = EXIT_ERROR
-
-    def __init__(self, status: Status) -> None:
-        super().__init__(status.message)
-        self.status = status
-
-    @property
-    def reason(self) -> str:
-        return self.status.reason
-
-    @property
-    def code(self) -> int:
-        return self.status.code
-
-    @property
-    def message(self) -> str:
-        return self.status.message
-
-    @property
-    def details(self) -> dict[str, Any]:
-        return self.status.details or {}
-
-
-class InvalidRequest(HotmountClientError):
-    exit_code = EXIT_USAGE
-
-
-class Conflict(HotmountClientError):
-    exit_code = EXIT_CONFLICT
-
-
-class Busy(Conflict):
-    """A process in the container holds the device open; `holders` names them."""
-
-    @property
-    def holders(self) -> list[dict[str, Any]]:
-        return list(self.details.get("holders") or [])
-
-
-class NotFound(HotmountClientError):
-    exit_code = EXIT_NOT_FOUND
-
-
-class Unauthorized(HotmountClientError):
-    exit_code = EXIT_AUTH
-
-
-class Forbidden(HotmountClientError):
-    exit_code = EXIT_AUTH
-
-
-class Timeout(HotmountClientError):
-    exit_code = EXIT_TIMEOUT
-
-
-class Unavailable(HotmountClientError):
-    exit_code = EXIT_ERROR
-
-
-_BY_REASON: dict[str, type[HotmountClientError]] = {"DeviceBusy": Busy}
-_BY_CODE: dict[int, type[HotmountClientError]] = {
-    400: InvalidRequest,
-    401: Unauthorized,
-    403: Forbidden,
-    404: NotFound,
-    409: Conflict,
-    422: InvalidRequest,
-    502: Unavailable,
-    503: Unavailable,
-    504: Timeout,
-}
-_DEFAULT_REASON = {
-    400: "BadRequest",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "NotFound",
-    405: "MethodNotAllowed",
-    409: "Conflict",
-    422: "Invalid",
-    429: "TooManyRequests",
-    500: "InternalError",
-    502: "BadGateway",
-    503: "ServiceUnavailable",
-    504: "Timeout",
-}
-
-
-def error_for(status: Status) -> HotmountClientError:
-    """The exception for a `Status`: by reason first, then by HTTP code."""
-    cls = _BY_REASON.get(status.reason) or _BY_CODE.get(status.code) or HotmountClientError
-    return cls(status)
-
-
-def make_status(code: int, message: str, reason: str | None = None, **details: Any) -> Status:
-    return Status(
-        reason=reason or _DEFAULT_REASON.get(code, "Unknown"),
-        message=message,
-        code=code,
-        details=details or None,
-    )
 
 
 def status_from_response(response: httpx.Response) -> Status:
@@ -189,7 +128,7 @@ def status_from_response(response: httpx.Response) -> Status:
         fields = {k: body[k] for k in ("message", "details") if body.get(k) is not None}
         try:
             return Status(
-                reason=body.get("reason") or _DEFAULT_REASON.get(code, "Unknown"),
+                reason=body.get("reason") or DEFAULT_REASON.get(code, "Unknown"),
                 code=int(body.get("code") or code),
                 **{"message": "", **fields},
             )
@@ -533,8 +472,6 @@ def http_client(
     headers: Mapping[str, str] | None = None,
 ) -> httpx.Client:
     """The httpx client both transports use: timeouts, logging hooks, a User-Agent."""
-    from cli import __version__
-
     if isinstance(verify, str):
         verify = ssl.create_default_context(cafile=verify)
     return httpx.Client(

@@ -13,46 +13,27 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 import re
-import socket
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 
 import typer
-from pydantic import TypeAdapter, ValidationError
 
-from agent.schemas import (
-    ContainerDevices,
-    ContainerName,
-    DeviceHolder,
-    DeviceInfo,
-    DeviceList,
-    KubeName,
-    MountedDevice,
-    MountResult,
-    PodDevices,
-    PodRef,
-    ReassignResult,
-    UnmountResult,
-)
 from cli import __version__
-from cli.client import (
-    DEFAULT_TIMEOUT,
-    EXIT_AUTH,
-    EXIT_USAGE,
-    Busy,
-    HotmountClient,
-    HotmountClientError,
-    error_for,
-    make_status,
-)
-from cli.kubeconfig import context_namespace
+from cli.errors import DEFAULT_TIMEOUT, EXIT_USAGE, Busy, HotmountClientError
 from cli.output import Waiting, render
+
+if TYPE_CHECKING:
+    from cli.client import HotmountClient
+
+# Start-up time is most of a call's wall time (docs/api.md, "nvcli"): this module imports
+# typer and the cheap cli.errors and cli.output only. httpx, pydantic, the agent's models
+# (cli.client), the kubeconfig reader and the engine (cli.local) are imported by the
+# commands that use them; tests/cli/test_imports.py holds --help and version to that.
 
 app = typer.Typer(
     name="nvcli",
@@ -302,6 +283,8 @@ def parse_duration(text: str | None) -> float | None:
 
 
 def namespace_of(opts: Common) -> str:
+    from cli.kubeconfig import context_namespace
+
     return opts.namespace or context_namespace(opts.kubeconfig, opts.context)
 
 
@@ -315,6 +298,8 @@ def split_refs(values: list[str] | None) -> list[str]:
 
 
 def make_client(opts: Common) -> HotmountClient:
+    from cli.client import HotmountClient
+
     timeout = parse_duration(opts.timeout)
     if opts.agent:
         token = opts.token
@@ -455,139 +440,23 @@ def permission_hint(err: HotmountClientError, opts: Common, needs: tuple[str, st
     )
 
 
-# -- the engine in-process (--local) --------------------------------------------------------------
-
-
-class LocalEngine:
-    """`--local`: the engine in this process, results mapped onto the agent's models."""
-
-    def __init__(self, opts: Common) -> None:
-        if os.geteuid() != 0:
-            raise _LocalForbidden()
-        from hotmount.devices.inventory import DEFAULT_CDI_DIRS
-        from hotmount.engine import Engine, EngineConfig
-
-        config = EngineConfig(
-            host_root=opts.host_root or Path("/"),
-            cdi_dirs=tuple(opts.cdi_dir) if opts.cdi_dir else DEFAULT_CDI_DIRS,
-            **({"state_dir": opts.state_dir} if opts.state_dir else {}),
-        )
-        self.engine = self._call(Engine, config)
-
-    @staticmethod
-    def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from hotmount.errors import DeviceBusy, DeviceClaimed, HotmountError
-
-        try:
-            return fn(*args, **kwargs)
-        except HotmountError as exc:
-            details: dict[str, Any] = {}
-            if isinstance(exc, DeviceBusy):
-                details["holders"] = [asdict(h) for h in exc.holders]
-            if isinstance(exc, DeviceClaimed):
-                details["owner"] = exc.owner
-            raise error_for(
-                make_status(exc.http_status, exc.message, exc.reason, **details)
-            ) from exc
-        except PermissionError as exc:
-            raise error_for(
-                make_status(403, f"{exc.strerror}: {exc.filename}", "Forbidden")
-            ) from exc
-
-    def _mounted(self, d: Any) -> MountedDevice:
-        return MountedDevice(key=d.key, kind=d.kind, index=d.index, uuid=d.uuid, paths=d.paths)
-
-    def mount(self, container_id: str, devices: list[str], force: bool) -> MountResult:
-        result = self._call(self.engine.mount, container_id, devices, force=force)
-        return MountResult(
-            container_id=str(result.container.get("id") or container_id),
-            mounted=[self._mounted(d) for d in result.mounted],
-            already_mounted=[self._mounted(d) for d in result.already_mounted],
-        )
-
-    def unmount(self, container_id: str, devices: list[str] | None, force: bool) -> UnmountResult:
-        result = self._call(self.engine.unmount, container_id, devices, force=force)
-        return UnmountResult(
-            container_id=str(result.container.get("id") or container_id),
-            unmounted=result.unmounted,
-            not_mounted=result.not_mounted,
-            stopped_pids=result.stopped_pids,
-        )
-
-    def status(self, container_id: str) -> PodDevices:
-        status = self._call(self.engine.status, container_id)
-        devices = []
-        for d in status.devices:
-            known = self.engine.inventory.get(d.key)
-            devices.append(
-                MountedDevice(
-                    key=d.key,
-                    kind=d.kind,
-                    index=known.index if known else None,
-                    uuid=known.uuid if known else None,
-                    paths=[n.path for n in d.nodes],
-                )
-            )
-        return PodDevices(
-            containers=[
-                ContainerDevices(
-                    container=None,
-                    container_id=status.container_id or status.key,
-                    devices=devices,
-                )
-            ]
-        )
-
-    def list_devices(self) -> list[DeviceList]:
-        holders = self._call(self.engine.holders)
-        devices = [
-            DeviceInfo.of(
-                d,
-                [
-                    DeviceHolder(
-                        source="hotmount", container_id=c.owner, device=c.device, **c.holder
-                    )
-                    for c in holders.get(d.key, [])
-                ],
-            )
-            for d in self.engine.inventory.devices
-        ]
-        return [DeviceList(node=socket.gethostname(), devices=devices)]
-
-    def move(self, device: str, source: str, target: str, force: bool) -> ReassignResult:
-        unmounted = self.unmount(source, [device], force)
-        mounted = self.mount(target, [device], force)
-        moved = mounted.mounted + mounted.already_mounted
-        return ReassignResult.model_construct(
-            device=moved[0].key if moved else device,
-            from_=PodRef.model_construct(namespace="", pod=source, container=None),
-            to=PodRef.model_construct(namespace="", pod=target, container=None),
-            unmounted=unmounted,
-            mounted=mounted,
-        )
-
-
-class _LocalForbidden(HotmountClientError):
-    exit_code = EXIT_AUTH
-
-    def __init__(self) -> None:
-        super().__init__(
-            make_status(
-                403,
-                "nvcli --local needs root: it changes cgroups and creates device nodes",
-                "Forbidden",
-            )
-        )
-
-
 # -- commands -------------------------------------------------------------------------------------
 
 Name = Annotated[str | None, typer.Option("--name", metavar="POD", help="the pod")]
 Force = Annotated[bool, typer.Option("--force", help="stop processes holding the device")]
 
 
+def _local(opts: Common) -> Any:
+    """`--local`: the engine in this process (cli.local), imported only then."""
+    from cli.local import LocalEngine
+
+    return LocalEngine(opts)
+
+
 def _check_names(containers: list[str], share_with: str | None) -> None:
     """Name the flag, not the wire field, when a name cannot be one (before any request)."""
+    from agent.schemas import ContainerName, KubeName
+
     for value in containers:
         if value != "*" and not _valid(ContainerName, value):
             raise UsageError(
@@ -602,6 +471,8 @@ def _check_names(containers: list[str], share_with: str | None) -> None:
 
 
 def _valid(kind: Any, value: str) -> bool:
+    from pydantic import TypeAdapter, ValidationError
+
     try:
         TypeAdapter(kind).validate_python(value)
     except ValidationError:
@@ -699,7 +570,7 @@ def mount(
     if opts.local:
         if count is not None:
             raise UsageError("--count needs the scheduler: it does not work with --local")
-        emit(LocalEngine(opts).mount(target or "", devices, force), opts)
+        emit(_local(opts).mount(target or "", devices, force), opts)
         return
     with make_client(opts) as client:
         waiting = "waiting for a holder pod to be scheduled" if count else "mounting"
@@ -756,7 +627,7 @@ def unmount(
     kind, target = _target(opts, name, container)
     refs = devices or None
     if opts.local:
-        emit(LocalEngine(opts).unmount(target or "", refs, force), opts)
+        emit(_local(opts).unmount(target or "", refs, force), opts)
         return
     with make_client(opts) as client, Waiting("unmounting..."):
         if kind == "container":
@@ -788,7 +659,7 @@ def status(
     _check_modes(opts)
     kind, target = _target(opts, name, container)
     if opts.local:
-        emit(LocalEngine(opts).status(target or ""), opts)
+        emit(_local(opts).status(target or ""), opts)
         return
     with make_client(opts) as client:
         if kind == "container":
@@ -817,7 +688,7 @@ def list_(
     """
     _check_modes(opts)
     if opts.local:
-        emit(LocalEngine(opts).list_devices(), opts)
+        emit(_local(opts).list_devices(), opts)
         return
     with make_client(opts) as client:
         result = client.list_devices(node)
@@ -864,7 +735,7 @@ def move(
     """
     _check_modes(opts)
     if opts.local:
-        emit(LocalEngine(opts).move(gpu, from_, to, force), opts)
+        emit(_local(opts).move(gpu, from_, to, force), opts)
         return
     default_ns = None if (from_namespace and to_namespace) else namespace_of(opts)
     src = (from_namespace or default_ns or "", from_, from_container)
@@ -890,8 +761,17 @@ def version(opts: Common) -> None:
     emit({"clientVersion": {"version": __version__}}, opts)
 
 
+def _skip_httpx_command_line() -> None:
+    """httpx's `__init__` imports its own command line (click, rich, pygments: a tenth of
+    a second) when they are installed, as typer's dependencies are; nvcli never runs it.
+    A `None` in `sys.modules` makes that import fail, which httpx expects and handles."""
+    if "httpx" not in sys.modules:
+        sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `nvcli` console script; returns (and exits with) the exit status."""
+    _skip_httpx_command_line()
     try:
         app(args=argv, prog_name="nvcli", standalone_mode=True)
     except SystemExit as exc:

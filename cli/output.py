@@ -3,6 +3,9 @@
 json and yaml print the agent's models exactly as they travel on the wire
 (camelCase, every field), so a script sees the same document as an HTTP caller.
 Tables are for people: one row per device.
+
+pydantic, the agent's models and yaml are imported when a result needs them, so that
+`nvcli version` and `--help` start without them.
 """
 
 from __future__ import annotations
@@ -12,28 +15,33 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import yaml
-from pydantic import BaseModel
-
-from agent.schemas import (
-    DeviceHolder,
-    DeviceList,
-    MountResult,
-    PodDevices,
-    ReassignResult,
-    UnmountResult,
-)
+if TYPE_CHECKING:
+    from agent.schemas import (
+        DeviceHolder,
+        DeviceList,
+        MountResult,
+        PodDevices,
+        ReassignResult,
+        UnmountResult,
+    )
 
 FORMATS = ("table", "json", "yaml")
 
 
+_PLAIN = (dict, str, int, float, bool, type(None))
+
+
 def to_data(result: Any) -> Any:
-    if isinstance(result, BaseModel):
-        return result.model_dump(mode="json", by_alias=True)
+    if isinstance(result, _PLAIN):
+        return result
     if isinstance(result, list):
         return [to_data(item) for item in result]
+    from pydantic import BaseModel
+
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json", by_alias=True)
     return result
 
 
@@ -42,11 +50,17 @@ def render(result: Any, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(to_data(result), indent=2)
     if fmt == "yaml":
+        import yaml
+
         return yaml.safe_dump(to_data(result), sort_keys=False, default_flow_style=False).rstrip()
     return table(result)
 
 
 def table(result: Any) -> str:
+    if isinstance(result, dict):
+        return "\n".join(f"{k}: {v}" for k, v in result.items())
+    from agent.schemas import DeviceList, MountResult, PodDevices, ReassignResult, UnmountResult
+
     if isinstance(result, MountResult):
         return mount_table(result)
     if isinstance(result, UnmountResult):
@@ -57,8 +71,6 @@ def table(result: Any) -> str:
         return move_table(result)
     if isinstance(result, list) and all(isinstance(r, DeviceList) for r in result):
         return devices_table(result)
-    if isinstance(result, dict):
-        return "\n".join(f"{k}: {v}" for k, v in result.items())
     return str(result)
 
 

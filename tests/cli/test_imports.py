@@ -1,0 +1,139 @@
+"""nvcli's start-up stays cheap: each command imports only what it uses.
+
+Most of an nvcli call's wall time is the interpreter starting and importing (issue 10),
+so the structure that keeps it low is held here, by module, not by time (no timed
+tests): a new process runs nvcli's own `main()` and reports what it imported.
+bench/cli_bench.py measures the time itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import cli
+from tests.cli.conftest import AGENT_TOKEN, Cluster
+from tests.cli.stub_agent import StubAgent
+
+REPO = Path(__file__).resolve().parents[2]
+
+# What `import cli.main` must not pull in; each costs tens of milliseconds or more.
+HEAVY = (
+    "kubernetes",  # the official client: only for exec and auth-provider kubeconfigs
+    "rich",  # typer's and httpx's pretty output: nvcli prints plain text
+    "pygments",
+    "click",  # httpx's own command line (typer vendors the click it uses)
+    "httpx",
+    "pydantic",
+    "agent",  # the agent's models, built at import
+    "hotmount",  # the engine: --local only
+    "yaml",
+    "importlib.metadata",
+)
+# typer (0.2x) coerces each flag a command is given through a pydantic TypeAdapter, and
+# pydantic's plugin loader imports importlib.metadata: typer's cost, from the first flag
+# parsed (the top-level --help alone parses none).
+TYPER_COST = ("pydantic", "importlib.metadata")
+# Never, whatever the command: the output and the kubeconfig do not need them.
+NEVER = ("kubernetes", "rich", "pygments", "click", "hotmount.engine")
+
+PROBE = """
+import contextlib, io, json, sys
+import cli.main
+args = json.loads(sys.argv[1])
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    rc = cli.main.main(args) if args is not None else 0
+print(json.dumps({"rc": rc, "out": out.getvalue(), "err": err.getvalue(),
+                  "modules": sorted(k for k, v in sys.modules.items() if v is not None)}))
+"""
+
+
+def run_nvcli(*args: str, import_only: bool = False) -> dict:
+    """nvcli's `main()` in a new interpreter; its exit code, output and `sys.modules`."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG" and "proxy" not in k.lower()}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(None if import_only else list(args))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=REPO,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def loaded(result: dict, packages: tuple[str, ...]) -> list[str]:
+    """Which of `packages` (or modules under them) the run imported."""
+    return [p for p in packages if any(m == p or m.startswith(f"{p}.") for m in result["modules"])]
+
+
+def test_importing_nvcli_imports_nothing_heavy() -> None:
+    assert loaded(run_nvcli(import_only=True), HEAVY) == []
+
+
+def test_help_imports_nothing_heavy() -> None:
+    for args in (["--help"], []):
+        result = run_nvcli(*args)
+        assert result["rc"] in (0, 2), result  # no arguments: the help, exit 2 (click)
+        assert "Usage: nvcli" in result["out"] + result["err"]
+        assert loaded(result, HEAVY) == [], args
+
+
+def test_command_help_and_version_import_no_client() -> None:
+    """No httpx, no agent models, no yaml, no engine: only typer's own pydantic."""
+    for args, text in (
+        (["status", "--help"], "Usage: nvcli status"),
+        (["mount", "-h"], "Usage: nvcli mount"),
+        (["version"], "nvcli "),
+        (["version", "-o", "json"], '"clientVersion"'),
+    ):
+        result = run_nvcli(*args)
+        assert result["rc"] == 0 and text in result["out"], result
+        assert loaded(result, tuple(p for p in HEAVY if p not in TYPER_COST)) == [], args
+
+
+def test_status_direct_to_an_agent(stub: StubAgent) -> None:
+    result = run_nvcli(
+        "status", "--name", "nb-0", "-n", "ml", "--agent", stub.url, "--token", AGENT_TOKEN
+    )
+    assert result["rc"] == 0, result
+    assert result["out"].startswith("POD")
+    assert loaded(result, NEVER) == []
+    assert "yaml" not in result["modules"]  # a table; no kubeconfig read
+
+
+def test_static_kubeconfigs_do_not_load_the_kubernetes_client(cluster: Cluster) -> None:
+    dave = cluster.ca.issue_client("dave", groups=["ml-team"])
+    for config in (
+        cluster.kubeconfig("token", namespace="ml", token="alice-token"),
+        cluster.kubeconfig("cert", namespace="ml", cert=dave),
+    ):
+        result = run_nvcli("status", "--name", "nb-0", "--kubeconfig", str(config))
+        assert result["rc"] == 0, result
+        assert loaded(result, NEVER) == [], config.name
+    assert [r.header("x-remote-user") for r in cluster.agent.received] == ["alice", "dave"]
+
+
+def test_an_exec_plugin_kubeconfig_uses_the_kubernetes_client(cluster: Cluster) -> None:
+    """The other side of the line: a plugin is run by the official loader."""
+    from tests.cli.test_aggregated import exec_kubeconfig
+
+    config = exec_kubeconfig(cluster, "alice-token")
+    result = run_nvcli("status", "--name", "nb-0", "--kubeconfig", str(config))
+    assert result["rc"] == 0, result
+    assert loaded(result, ("kubernetes",)) == ["kubernetes"]
+    assert cluster.agent.received[-1].header("x-remote-user") == "alice"
+
+
+def test_the_version_literal_is_the_distribution_version() -> None:
+    """`cli.__version__` is a literal (no importlib.metadata at start): it must not drift."""
+    from importlib.metadata import version
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert cli.__version__ == project["version"] == version("gpu-hotmount")
