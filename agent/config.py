@@ -15,6 +15,7 @@ from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import flags
+from agent.idle import format_duration, parse_duration
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS
 from hotmount.engine import DEFAULT_STATE_DIR
 
@@ -45,10 +46,23 @@ class AgentSettings(BaseSettings):
 
     host_root: Path = Field(default=Path("/"), description="where the host's / is mounted")
     cdi_dir: list[str] = Field(default=list(DEFAULT_CDI_DIRS), description="CDI spec directory")
+    sys_root: Path | None = Field(
+        default=None,
+        description="where /sys is read for RDMA devices and PCIe places (default: the host root)",
+    )
     state_dir: Path = Field(default=DEFAULT_STATE_DIR, description="the ledger's directory")
     use_nvml: bool = Field(default=True, description="enumerate GPUs with NVML when it loads")
     stop_grace: float = Field(default=10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
     reconcile_interval: float = Field(default=5.0, gt=0, description="seconds between reconciles")
+    idle_timeout: str | None = Field(
+        default=None,
+        description=(
+            "take a hot-mounted GPU back once no process has held it this long (30m, 1h30m) "
+            "when neither the mount nor the pod's hotmount.io/idle-timeout names a timeout "
+            "(default: off)"
+        ),
+        json_schema_extra={"metavar": "DURATION"},
+    )
 
     node_name: str | None = Field(
         default=None,
@@ -141,6 +155,14 @@ class AgentSettings(BaseSettings):
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"{value}: expected HOST:PORT or unix:PATH")
         return values
+
+    @field_validator("idle_timeout")
+    @classmethod
+    def _idle_timeout(cls, value: str | None) -> str | None:
+        """Checked at start: a typo must stop the agent, not turn reclaim off silently."""
+        if value is None or value.strip().lower() in ("", "off"):
+            return None
+        return format_duration(parse_duration(value))
 
     @field_validator("token_file")
     @classmethod

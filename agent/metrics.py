@@ -1,8 +1,73 @@
-"""Prometheus metrics, one registry per app so tests can build many apps."""
+"""Prometheus metrics, one registry per app so tests can build many apps.
+
+The per-mount gauges (`hotmount_gpu_mounted_info`, `hotmount_gpu_idle_seconds`) are
+read from the ledger at scrape time by a collector, not set and unset as mounts come
+and go: an unmount, a reclaim, a container that died or an agent restart can then
+never leave a label set behind, and nothing needs to be kept in step.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+MOUNT_LABELS = ("node", "gpu_uuid", "device", "namespace", "pod", "container")
+
+
+@dataclass(frozen=True)
+class MountSample:
+    """One hot-mounted device, labelled so Grafana can join it with DCGM's metrics:
+    `gpu_uuid` is DCGM's `UUID`, `device` its `device` (`nvidia0`)."""
+
+    gpu_uuid: str
+    device: str
+    namespace: str
+    pod: str
+    container: str
+    idle_seconds: float | None  # None: the reconciler has not looked yet
+
+
+class _MountCollector(Collector):
+    def __init__(self, node: str, source: Callable[[], list[MountSample]]) -> None:
+        self.node, self.source = node, source
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The names alone: registering must not read the ledger."""
+        yield from self._families()
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        info = GaugeMetricFamily(
+            "hotmount_gpu_mounted_info",
+            "1 for every hot-mounted GPU: which pod and container has it",
+            labels=MOUNT_LABELS,
+        )
+        idle = GaugeMetricFamily(
+            "hotmount_gpu_idle_seconds",
+            "Seconds no process in the container has held the hot-mounted GPU open",
+            labels=MOUNT_LABELS,
+        )
+        return info, idle
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info, idle = self._families()
+        for sample in self.source():
+            labels = [
+                self.node,
+                sample.gpu_uuid,
+                sample.device,
+                sample.namespace,
+                sample.pod,
+                sample.container,
+            ]
+            info.add_metric(labels, 1)
+            if sample.idle_seconds is not None:
+                idle.add_metric(labels, sample.idle_seconds)
+        yield info
+        yield idle
 
 
 class Metrics:
@@ -37,9 +102,18 @@ class Metrics:
             "Holder pods reconcile deleted because no live mount accounted for them",
             registry=self.registry,
         )
+        self.reclaimed = Counter(
+            "hotmount_gpus_reclaimed_total",
+            "Hot-mounted GPUs reconcile took back after their idle timeout",
+            registry=self.registry,
+        )
         self.reconciles = Counter(
             "hotmount_reconciles_total",
             "Reconcile passes by result",
             ["result"],
             registry=self.registry,
         )
+
+    def watch_mounts(self, node: str, source: Callable[[], list[MountSample]]) -> None:
+        """Serve the per-mount gauges from `source`, called at every scrape."""
+        self.registry.register(_MountCollector(node, source))

@@ -22,9 +22,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
+from agent.idle import format_duration, parse_duration
 from hotmount.devices.model import Device
 
 DeviceRef = Annotated[
@@ -37,6 +45,12 @@ KubeName = Annotated[
 ]
 ContainerName = Annotated[
     str, StringConstraints(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+]
+# `30m`, `90s`, `1h30m` (agent/idle.py), read back in its short form (`90m` -> `1h30m`).
+Duration = Annotated[
+    str,
+    StringConstraints(max_length=32),
+    AfterValidator(lambda v: format_duration(parse_duration(v))),
 ]
 
 
@@ -93,9 +107,20 @@ class DeviceInfo(Model):
     nodes: list[str]
     holder: DeviceHolder | None = None  # the first of `holders` (older clients read this)
     holders: list[DeviceHolder] = Field(default_factory=list)
+    numa_node: int | None = None
+    netdevs: list[str] = Field(default_factory=list)  # an RDMA NIC's network interfaces
+    # RDMA: the GPUs whose nearest NIC this is; a GPU: its nearest RDMA device (withRdma).
+    nearest_gpus: list[str] = Field(default_factory=list)
+    nearest_rdma: str | None = None
 
     @classmethod
-    def of(cls, device: Device, holders: list[DeviceHolder]) -> DeviceInfo:
+    def of(
+        cls,
+        device: Device,
+        holders: list[DeviceHolder],
+        nearest_gpus: list[str] | None = None,
+        nearest_rdma: str | None = None,
+    ) -> DeviceInfo:
         """An inventory device as the wire shows it (the agent and `nvcli --local` alike):
         one entry per physical device, with every name it has and everyone who holds it."""
         return cls(
@@ -110,6 +135,10 @@ class DeviceInfo(Model):
             nodes=[n.path for n in device.nodes],
             holder=holders[0] if holders else None,
             holders=holders,
+            numa_node=device.numa_node,
+            netdevs=list(device.netdevs),
+            nearest_gpus=nearest_gpus or [],
+            nearest_rdma=nearest_rdma,
         )
 
 
@@ -121,7 +150,9 @@ class DeviceList(Model):
 class MountRequest(Request):
     """`container` (one name) or `containers` (several, or `["*"]` for all of the pod's):
     the same devices go into each, shared within the pod without force. `shareWith`
-    names a pod of the same namespace whose hold on these devices this mount joins."""
+    names a pod of the same namespace whose hold on these devices this mount joins.
+    `idleTimeout`: take the devices back once no process has held them for this long
+    (else the pod's `hotmount.io/idle-timeout` annotation, else the node's default)."""
 
     container: ContainerName | None = None
     containers: list[ContainerName | Literal["*"]] | None = Field(
@@ -131,6 +162,10 @@ class MountRequest(Request):
     count: int | None = Field(default=None, ge=1, le=64)
     share_with: KubeName | None = None
     force: bool = False
+    # RDMA devices that come and go with the named GPUs: each one's nearest NIC, or these.
+    with_rdma: bool = False
+    rdma: list[DeviceRef] | None = Field(default=None, min_length=1, max_length=16)
+    idle_timeout: Duration | None = None
 
     @model_validator(mode="after")
     def _devices_or_count(self) -> MountRequest:
@@ -141,6 +176,16 @@ class MountRequest(Request):
         if self.containers and "*" in self.containers and len(self.containers) > 1:
             raise ValueError('containers: "*" means all of them and stands alone')
         return self
+
+    @model_validator(mode="after")
+    def _rdma_with_devices(self) -> MountRequest:
+        if (self.with_rdma or self.rdma) and self.devices is None:
+            raise ValueError("withRdma and rdma come with named devices, not with count")
+        return self
+
+    def rdma_options(self) -> dict[str, Any]:
+        """The engine's keywords for the RDMA devices riding along (hotmount/companions.py)."""
+        return {"with_rdma": self.with_rdma, "rdma": self.rdma}
 
     def container_names(self) -> list[str | None]:
         """The containers asked for; [None] is the pod's default, ["*"] all of them."""
@@ -158,6 +203,9 @@ class MountedDevice(Model):
     shared_with: str | None = None  # the pod whose device this mount joined on purpose
     # Everyone else who holds the same physical device (a shared GPU shows both holders).
     other_holders: list[DeviceHolder] = Field(default_factory=list)
+    idle_timeout: str | None = None  # reclaimed after this long unheld (None: never)
+    # Seconds no process has held it, as the reconciler last saw (0: held; None: not yet seen).
+    idle_seconds: int | None = None
 
 
 class ContainerMount(Model):

@@ -17,7 +17,9 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
+from agent import idle
 from agent.config import AgentSettings
 from agent.errors import (
     AllocatedToPod,
@@ -31,7 +33,7 @@ from agent.errors import (
     UpstreamError,
 )
 from agent.kube.client import ContainerInfo, KubeClient, PodInfo
-from agent.metrics import Metrics
+from agent.metrics import Metrics, MountSample
 from agent.podresources import Allocation, PodResourcesClient, PodResourcesError
 from agent.schemas import (
     ContainerDevices,
@@ -47,12 +49,12 @@ from agent.schemas import (
     ReassignResult,
     UnmountResult,
 )
-from hotmount import claims
+from hotmount import claims, usage
 from hotmount import engine as eng
 from hotmount.claims import Claim, Footprint
 from hotmount.devices.model import Device
-from hotmount.errors import HotmountError
-from hotmount.ledger import DeviceRecord
+from hotmount.errors import DeviceBusy, HotmountError
+from hotmount.ledger import ContainerRecord, DeviceRecord
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,8 @@ class NodeService:
         self._in_flight_guard = threading.Lock()
         # When reconcile first saw each orphan-looking holder (monotonic, no clock skew).
         self._orphans_seen: dict[tuple[str, str], float] = {}
+        self._idle = idle.IdleClock()  # when each mount was first seen unheld
+        metrics.watch_mounts(settings.node_name or "", self.mount_samples)
 
     # -- inventory
     def devices(self) -> DeviceList:
@@ -100,12 +104,15 @@ class NodeService:
         hot = self.engine.holders()
         kubelet = self._kubelet_holds()
         inventory = self.engine.inventory
+        near = {nic: [g.key for g in gpus] for nic, gpus in inventory.nearest_gpus().items()}
+        nearest_rdma = {gpu: nic for nic, gpus in near.items() for gpu in gpus}
         infos = []
         for device in inventory.devices:
             mine = inventory.footprint(device)
             holders = [_hot_holder(c) for c in hot.get(device.key, [])]
             holders += [h.holder() for h in kubelet if h.footprint.overlaps(mine)]
-            infos.append(DeviceInfo.of(device, holders))
+            nic = nearest_rdma.get(device.key) or nearest_rdma.get(device.parent or "")
+            infos.append(DeviceInfo.of(device, holders, near.get(device.key), nic))
         return DeviceList(node=self.settings.node_name, devices=infos)
 
     def _kubelet_holds(self, strict: bool = False) -> list[KubeletHold]:
@@ -190,11 +197,12 @@ class NodeService:
             info, containers = self.targets(namespace, pod, request.container_names())
             group = f"{namespace}/{pod}"  # containers of one pod share without asking
             share = self._share_group(info, request)
+            extra = self._idle_meta(request, info.annotations)
             if request.count is not None:
                 if len(containers) > 1:
                     raise BadRequest("count mounts into one container; name one, not several")
                 [container] = containers
-                meta = _meta(info, container, user)
+                meta = {**_meta(info, container, user), **extra}
                 assert container.container_id is not None
                 with self._lock(container.container_id):
                     result = self._mount_by_count(info, container, request.count, meta)
@@ -205,7 +213,17 @@ class NodeService:
                 if not request.force:
                     self._refuse_kubelet_allocated(devices, info, share)
                 keys = [d.key for d in devices]
-                done = self._mount_each(info, containers, keys, request.force, user, group, share)
+                done = self._mount_each(
+                    info,
+                    containers,
+                    keys,
+                    request.force,
+                    user,
+                    group,
+                    share,
+                    extra,
+                    rdma=request.rdma_options(),
+                )
             for container, each in done:
                 if each.mounted:
                     names = ", ".join(_label(d) for d in each.mounted)
@@ -248,6 +266,8 @@ class NodeService:
         user: str,
         group: str,
         share: str | None,
+        extra: dict[str, str] | None = None,
+        rdma: dict[str, Any] | None = None,
     ) -> list[tuple[ContainerInfo, MountResult]]:
         """The same devices into each container, or into none: a failure rolls back the
         containers this call already mounted."""
@@ -260,9 +280,10 @@ class NodeService:
                         container.container_id,
                         keys,
                         force=force,
-                        metadata=_meta(info, container, user),
+                        metadata={**_meta(info, container, user), **(extra or {})},
                         group=group,
                         share_with=share,
+                        **(rdma or {}),
                     )
                 done.append((container, result))
         except BaseException:
@@ -556,6 +577,8 @@ class NodeService:
             claims_now = (hot or {}).get(device.key, [])
             others += [_hot_holder(c) for c in claims_now if c.owner != owner]
             others += [h.holder() for h in kubelet or [] if h.footprint.overlaps(mine)]
+        timeout = idle.timeout_of(entry.metadata)
+        idle_for = self._idle.idle_for(_clock_key(owner, entry), time.monotonic())
         return MountedDevice(
             key=entry.key,
             kind=entry.kind,
@@ -564,6 +587,8 @@ class NodeService:
             paths=own,
             shared_with=_pod_of(entry.shared_with),
             other_holders=others,
+            idle_timeout=idle.format_duration(timeout) if timeout is not None else None,
+            idle_seconds=int(idle_for) if idle_for is not None else None,
         )
 
     def reassign(self, request: ReassignRequest, user: str) -> ReassignResult:
@@ -672,12 +697,14 @@ class NodeService:
         if request.count is not None:
             raise BadRequest("mounting by count needs Kubernetes (the scheduler keeps the books)")
         assert request.devices is not None
+        extra = self._idle_meta(request, {})
         with self._measure("mount"), self._lock(container_id):
             done = self.engine.mount(
                 container_id,
                 request.devices,
                 force=request.force,
-                metadata={"container_id": container_id},
+                metadata={"container_id": container_id, **extra},
+                **request.rdma_options(),
             )
         return _mount_result(done, None, None)
 
@@ -725,7 +752,148 @@ class NodeService:
         if deleted:
             self.metrics.orphan_holders.inc(len(deleted))
         self.take_back_unheld()
+        self.reclaim_idle()
         return report
+
+    # -- idle reclaim
+    def _idle_meta(self, request: MountRequest, annotations: dict[str, str]) -> dict[str, str]:
+        """Ledger metadata for idle reclaim: a fresh mount ID (its idle clock's key: a GPU
+        unmounted and mounted again within a second must not inherit the old clock), and
+        the idle timeout in seconds, if any: the request's, else the pod's annotation,
+        else the node's default."""
+        try:
+            timeout = idle.choose_timeout(
+                request.idle_timeout, annotations, self.settings.idle_timeout
+            )
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
+        meta = {idle.MOUNT_ID_KEY: secrets.token_hex(6)}
+        if timeout is not None:
+            meta[idle.TIMEOUT_KEY] = f"{timeout:g}"
+        return meta
+
+    def reclaim_idle(self) -> list[str]:
+        """Look at every hot-mounted GPU; unmount those unheld for their idle timeout.
+
+        The look: an fd scan of the container's processes for the GPU's own nodes (not
+        the control nodes every GPU shares), then NVML's process list where NVML loads.
+        The clock (agent/idle.py) starts at the first look that finds it unheld. The
+        unmount runs under the container's lock and the engine checks for holders again
+        (pidfds, then the scan): a process that opened the GPU since keeps it.
+        """
+        looked, due = [], []
+        for record in self.engine.ledger.records():
+            entries = [d for d in record.devices.values() if d.kind != "rdma"]
+            if not entries:
+                continue
+            try:
+                pids = self.engine.resolve(record.container_id or record.key).pids()
+            except HotmountError:
+                continue  # gone: the engine's reconcile forgets it
+            for entry in entries:
+                key = _clock_key(record.key, entry)
+                held = self._held(record, entry, pids)
+                now = time.monotonic()  # after the scan: conservative (agent/idle.py)
+                since = self._idle.observe(key, held, now)
+                looked.append(key)
+                timeout = idle.timeout_of(entry.metadata)
+                if since is not None and idle.should_reclaim(timeout, since, now, held):
+                    due.append((record, entry, now - since))
+        self._idle.retain(looked)
+        taken = []
+        for record, entry, idle_for in due:
+            if self._reclaim(record, entry, idle_for):
+                taken.append(entry.key)
+        return taken
+
+    def _held(self, record: ContainerRecord, entry: DeviceRecord, pids: list[int]) -> int:
+        """How many of the container's processes hold the device (fd scan, then NVML)."""
+        device = self.engine.inventory.get(entry.key)
+        if device is not None:
+            numbers = {(n.major, n.minor) for n in device.nodes}
+        else:
+            numbers = {
+                (record.nodes[p].major, record.nodes[p].minor)
+                for p in entry.node_paths
+                if p in record.nodes
+            }
+        found = len(usage.holders(self.engine.host.proc, pids, numbers))
+        if not found and device is not None and device.uuid and self.engine.config.use_nvml:
+            found = len(usage.nvml_pids([device.uuid]) & set(pids))
+        return found
+
+    def _reclaim(self, record: ContainerRecord, entry: DeviceRecord, idle_for: float) -> bool:
+        """Unmount one idle device under the container's lock, release its holder pod,
+        and tell the pod (Event) and the metrics."""
+        ref = record.container_id or record.key
+        meta = entry.metadata
+        namespace, pod_name = meta.get("namespace"), meta.get("pod")
+        key = _clock_key(record.key, entry)
+        try:
+            with self._lock(ref):
+                now = self.engine.ledger.load(record.key)
+                current = now.devices.get(entry.key) if now else None
+                if current is None or current.mounted_at != entry.mounted_at:
+                    return False  # unmounted (or mounted anew) meanwhile
+                before = self._holders(ref)
+                self.engine.unmount(ref, [entry.key], force=False)
+                released: list[str] = []
+                if namespace:
+                    try:
+                        released = self._release_holders(namespace, ref, before)
+                    except ApiError as exc:
+                        log.warning("reclaim: holder pod release: %s", exc.message)
+        except DeviceBusy:
+            self._idle.observe(key, 1, time.monotonic())  # opened meanwhile: held again
+            return False
+        except HotmountError as exc:
+            log.warning("cannot reclaim %s from %s: %s", entry.key, ref, exc.message)
+            return False
+        self._idle.forget(key)
+        self.metrics.reclaimed.inc()
+        timeout = idle.timeout_of(meta) or 0
+        why = (
+            f"idle for {idle.format_duration(idle_for)} (idle timeout "
+            f"{idle.format_duration(timeout)})"
+        )
+        label = self._device_text(entry.key)
+        log.info("reclaimed %s from %s: %s; holder pods deleted: %s", label, ref, why, released)
+        if namespace and pod_name and self.kube is not None:
+            try:
+                pod = self.kube.find_pod(namespace, pod_name)
+            except ApiError:
+                pod = None
+            if pod is not None:
+                container = meta.get("container") or ref
+                self._event(pod, "GPUReclaimed", f"took {label} back from {container}: {why}")
+        return True
+
+    def _device_text(self, key: str) -> str:
+        device = self.engine.inventory.get(key)
+        return f"GPU {_device_label(device)}" if device is not None else key
+
+    def mount_samples(self) -> list[MountSample]:
+        """Every hot-mounted GPU, for the per-mount gauges (read at scrape time)."""
+        now = time.monotonic()
+        samples = []
+        for record in self.engine.ledger.records():
+            for entry in record.devices.values():
+                if entry.kind == "rdma":
+                    continue
+                device = self.engine.inventory.get(entry.key)
+                paths = [n.path for n in device.nodes] if device else entry.node_paths
+                meta = entry.metadata
+                samples.append(
+                    MountSample(
+                        gpu_uuid=(device.uuid if device else None) or "",
+                        device=paths[0].rpartition("/")[2] if paths else entry.key,
+                        namespace=meta.get("namespace", ""),
+                        pod=meta.get("pod", ""),
+                        container=meta.get("container") or record.container_id or record.key,
+                        idle_seconds=self._idle.idle_for(_clock_key(record.key, entry), now),
+                    )
+                )
+        return samples
 
     def take_back_unheld(self) -> list[str]:
         """Unmount GPUs mounted by count whose holder pod is gone or finished.
@@ -943,6 +1111,11 @@ def _hot_holder(claim: Claim) -> DeviceHolder:
         device=claim.device,
         shared_with=_pod_of(claim.shared_with),
     )
+
+
+def _clock_key(owner: str, entry: DeviceRecord) -> tuple[str, str, str]:
+    """One mount: a device unmounted and mounted again starts a new idle clock."""
+    return (owner, entry.key, entry.metadata.get(idle.MOUNT_ID_KEY) or entry.mounted_at)
 
 
 def _pod_of(group: str | None) -> str | None:

@@ -43,6 +43,7 @@ class PodInfo:
     pod_ip: str | None = None
     unschedulable_message: str | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
 
     def container(self, name: str | None) -> ContainerInfo | None:
         if name is None:
@@ -97,6 +98,7 @@ def _pod_info(pod: client.V1Pod) -> PodInfo:
         pod_ip=pod.status.pod_ip,
         unschedulable_message=message,
         ports=ports,
+        annotations=pod.metadata.annotations or {},
     )
 
 

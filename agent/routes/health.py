@@ -1,4 +1,5 @@
-"""Liveness, readiness and metrics: unauthenticated, read-only, no device data.
+"""Liveness, readiness and metrics: unauthenticated and read-only. /metrics names the
+pods that hold hot-mounted GPUs (as DCGM's exporter does), for dashboards to join.
 
 The probes are `async` and never queue for the worker threads that mounts, holder
 waits and forwarded calls occupy: the kubelet must not restart a busy agent. The
