@@ -47,6 +47,7 @@ def engine_from(settings: AgentSettings) -> Engine:
             state_dir=settings.state_dir,
             use_nvml=settings.use_nvml,
             stop_grace=settings.stop_grace,
+            sys_root=settings.sys_root,
         )
     )
 

@@ -118,15 +118,41 @@ class Container:
         }
 
 
+def read_pids_file(path: str) -> list[int] | None:
+    """The PIDs one `cgroup.procs` lists (os-level: this is on every mount's path)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return [int(x) for x in b"".join(chunks).split()]
+
+
 def read_cgroup_pids(directory: Path | str) -> list[int]:
-    """PIDs in a cgroup and its descendants (containers rarely have any)."""
+    """PIDs in a cgroup and its descendants (containers rarely have any).
+
+    A directory whose link count is 2 has no subdirectories (cgroupfs, like tmpfs and
+    ext4, counts them in st_nlink), so its listing is skipped; any other count (btrfs
+    always says 1) lists it.
+    """
     pids: set[int] = set()
     pending = [os.fspath(directory)]
     while pending:
         current = pending.pop()
+        found = read_pids_file(os.path.join(current, "cgroup.procs"))
+        if found is None:
+            continue
+        pids.update(found)
         try:
-            with open(os.path.join(current, "cgroup.procs")) as procs:
-                pids.update(int(line) for line in procs.read().split())
+            if os.stat(current).st_nlink == 2:
+                continue
             entries = os.scandir(current)
         except OSError:
             continue
@@ -144,6 +170,24 @@ class ContainerResolver:
         self._where: dict[str, Path] = {}
         self._host_ns: str | None = None
         self._init: dict[Path, int] = {}
+        self._resolved: dict[str, tuple[Container, int]] = {}
+
+    # -- the resolution cache: a hint keyed by container ID, proven by whoever uses it
+    def cached(self, container_id: str) -> tuple[Container, int] | None:
+        """A container resolved before, with its init's start time (the cache's key is
+        the container ID; its proof is (init PID, start time) plus cgroup membership,
+        which the engine checks under a pidfd before it trusts the entry)."""
+        return self._resolved.get(container_id)
+
+    def remember(self, container: Container, start_time: int) -> None:
+        if container.id is None:
+            return
+        if len(self._resolved) > 4096:
+            self._resolved.clear()
+        self._resolved[container.id] = (container, start_time)
+
+    def forget(self, container_id: str) -> None:
+        self._resolved.pop(container_id, None)
 
     def resolve(self, ref: str | ContainerRef) -> Container:
         if isinstance(ref, str):
@@ -241,6 +285,9 @@ class ContainerResolver:
             procs_dir=procs_dir,
         )
 
+    def host_mnt_ns(self) -> str:
+        return self._host_mnt_ns()
+
     def _host_mnt_ns(self) -> str:
         """The host's mount namespace: PID 1's, or ours where PID 1's is hidden from us."""
         if self._host_ns is None:
@@ -252,11 +299,7 @@ class ContainerResolver:
 
 
 def _pids_or_none(directory: Path) -> list[int] | None:
-    try:
-        text = (directory / "cgroup.procs").read_text()
-    except OSError:
-        return None
-    return sorted(int(x) for x in text.split()) or None
+    return sorted(read_pids_file(os.path.join(directory, "cgroup.procs")) or ()) or None
 
 
 def find_cgroup_dir(root: Path, container_id: str) -> Path | None:

@@ -18,6 +18,7 @@ refused, never overwritten or chmod-ed. Nothing runs from the container image.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -167,17 +168,33 @@ class Openat2Fs:
 
     _RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
 
-    def __init__(self, proc_pid_dir: Path) -> None:
+    def __init__(self, proc_pid_dir: Path | str) -> None:
+        root = os.path.join(proc_pid_dir, "root")
         try:
-            self.root_fd = os.open(proc_pid_dir / "root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except (FileNotFoundError, ProcessLookupError) as exc:
-            raise ContainerNotFound(f"{proc_pid_dir.name}: the process has exited") from exc
+            name = os.path.basename(proc_pid_dir)
+            raise ContainerNotFound(f"{name}: the process has exited") from exc
+        # Directory fds opened once per operation: every node of a mount is in /dev.
+        self._dirs: dict[str, int] = {}
 
     def close(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs = {}
         os.close(self.root_fd)
 
     def _dir(self, path: str, create: bool) -> int | None:
-        """An O_PATH fd of a directory resolved inside the container; mkdir -p when asked."""
+        """An O_PATH fd of a directory resolved inside the container (kept until `close`:
+        the caller must not close it); mkdir -p when asked."""
+        fd = self._dirs.get(path)
+        if fd is None:
+            fd = self._open_dir(path, create)
+            if fd is not None:
+                self._dirs[path] = fd
+        return fd
+
+    def _open_dir(self, path: str, create: bool) -> int | None:
         flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
         try:
             return openat2(self.root_fd, path, flags, self._RESOLVE)
@@ -193,13 +210,9 @@ class Openat2Fs:
         parent, name = _split(path)
         parent_fd = self._dir(parent, create=True)
         assert parent_fd is not None
-        try:
+        with contextlib.suppress(FileExistsError):  # made meanwhile: the open checks it
             os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
-        except FileExistsError:
-            pass  # made meanwhile; the open below checks it is a directory
-        finally:
-            os.close(parent_fd)
-        return self._dir(path, create=False)
+        return self._open_dir(path, create=False)
 
     def _error(self, path: str, exc: OSError) -> Exception:
         if exc.errno in (errno.ESRCH, errno.ENOENT):
@@ -211,29 +224,20 @@ class Openat2Fs:
         dirfd = self._dir(parent, create=False)
         if dirfd is None:
             return NodeState.ABSENT
-        try:
-            return classify(_lstat_at(dirfd, name), node)
-        finally:
-            os.close(dirfd)
+        return classify(_lstat_at(dirfd, name), node)
 
     def ensure(self, node: DeviceNode) -> bool:
         parent, name = _split(node.path)
         dirfd = self._dir(parent, create=True)
         assert dirfd is not None
-        try:
-            return _make_node(dirfd, name, node)
-        finally:
-            os.close(dirfd)
+        return _make_node(dirfd, name, node)
 
     def remove(self, node: DeviceNode) -> bool:
         parent, name = _split(node.path)
         dirfd = self._dir(parent, create=False)
         if dirfd is None:
             return False
-        try:
-            return _remove_node(dirfd, name, node)
-        finally:
-            os.close(dirfd)
+        return _remove_node(dirfd, name, node)
 
 
 class SetnsFs:
@@ -314,8 +318,8 @@ def _child(ns_fd: int, op: str, node: DeviceNode, out: int) -> int:  # pragma: n
     return 0
 
 
-def open_container_fs(proc_pid_dir: Path, method: str = "auto") -> ContainerFs:
+def open_container_fs(proc_pid_dir: Path | str, method: str = "auto") -> ContainerFs:
     """`auto` takes openat2 where the kernel has it; `openat2`/`setns` force one."""
     if method == "setns" or (method == "auto" and not openat2_available()):
-        return SetnsFs(proc_pid_dir)
+        return SetnsFs(Path(proc_pid_dir))
     return Openat2Fs(proc_pid_dir)

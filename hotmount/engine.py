@@ -21,7 +21,13 @@ from hotmount.cgroups.detect import CgroupLayout, detect
 from hotmount.cgroups.v1 import V1Devices, allows
 from hotmount.cgroups.v2 import V2Devices
 from hotmount.claims import Claim
-from hotmount.containers import Container, ContainerRef, ContainerResolver
+from hotmount.containers import (
+    Container,
+    ContainerRef,
+    ContainerResolver,
+    parse_container_ref,
+    read_pids_file,
+)
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
 from hotmount.devices.model import Device, DeviceRule
 from hotmount.devnodes import ContainerFs, NodeState, open_container_fs
@@ -140,6 +146,10 @@ class Engine:
         self.host = HostRoot(self.config.host_root)
         self.layout: CgroupLayout = detect(self.host)
         self.resolver = ContainerResolver(self.host, self.layout)
+        # Strings for the per-operation paths and comparisons (pathlib costs more).
+        self._proc = os.fspath(self.host.proc)
+        self._v1_root = _normpath(self.layout.v1_devices_root)
+        self._v2_root = _normpath(self.layout.v2_root)
         self.ledger = Ledger(self.config.state_dir)
         self.inventory = self.load_inventory()
 
@@ -189,8 +199,8 @@ class Engine:
         devices = self.inventory.resolve_all(device_refs)
         riders = companions.rdma_for(self.inventory, devices, with_rdma, rdma or ())
         devices += [device for device, _ in riders.values()]
-        container = ref if isinstance(ref, Container) else self.resolve(ref)
-        with _Liveness(self.host, container) as alive, self.ledger.lock(container.key):
+        container, alive = self._enter(ref)
+        with alive, self.ledger.lock(container.key):
             record = self._record_for(container, alive.start_time)
             if record.pending is not None:
                 self._finish_pending(record, container)
@@ -304,10 +314,10 @@ class Engine:
     ) -> None:
         """Grant first, then create the nodes: no node appears that cannot be opened."""
         v1 = self._v1(record.v1_dir)
-        for node_record in pending:
-            if node_record.v1_added:
-                assert v1 is not None
-                v1.allow(_rule(node_record))
+        adding = [_rule(n) for n in pending if n.v1_added]
+        if adding:
+            assert v1 is not None
+            v1.allow_all(adding)  # one read-back of devices.list for all the lines
         self._v2_grant(record.v2_dir, [*record.nodes.values(), *pending])
         for node_record in pending:
             node_record.created = fs.ensure(plan.node_of(node_record))
@@ -343,8 +353,8 @@ class Engine:
         device_refs: list[str] | None = None,
         force: bool = False,
     ) -> UnmountResult:
-        container = ref if isinstance(ref, Container) else self.resolve(ref)
-        with _Liveness(self.host, container) as alive, self.ledger.lock(container.key):
+        container, alive = self._enter(ref)
+        with alive, self.ledger.lock(container.key):
             record = self._record_for(container, alive.start_time)
             if record.pending is not None:
                 self._finish_pending(record, container)
@@ -606,6 +616,31 @@ class Engine:
         self.ledger.save(record)
 
     # -- helpers
+    def _enter(self, ref: str | ContainerRef | Container) -> tuple[Container, _Liveness]:
+        """The container, resolved and pinned by a pidfd (close the `_Liveness`).
+
+        A container ID resolved before is taken from the resolver's cache, but only once
+        proven under the pidfd: its init has the start time it had when resolved (so the
+        PID is not another process's now), is still in the container's cgroup and is not
+        in the host's mount namespace. Any doubt drops the entry and resolves afresh.
+        """
+        if isinstance(ref, Container):
+            return ref, _Liveness(self.host, ref).enter()
+        if isinstance(ref, str):
+            ref = parse_container_ref(ref)
+        hit = self.resolver.cached(ref.container_id) if ref.container_id else None
+        if hit is not None:
+            cached, start_time = hit
+            try:
+                proven = _Liveness(self.host, cached, start_time, self.resolver.host_mnt_ns())
+                return cached, proven.enter()
+            except (ContainerNotFound, NotInContainer):
+                self.resolver.forget(cached.id or "")
+        container = self.resolver.resolve(ref)
+        alive = _Liveness(self.host, container).enter()
+        self.resolver.remember(container, alive.start_time)
+        return container, alive
+
     def _record_for(self, container: Container, start_time: int) -> ContainerRecord:
         record = self.ledger.load(container.key)
         fresh = ContainerRecord(
@@ -646,12 +681,12 @@ class Engine:
         return record is not None and self._live(record) is not None
 
     def _v1(self, directory: str | None) -> V1Devices | None:
-        if directory is None or Path(directory) == self.layout.v1_devices_root:
+        if directory is None or os.path.normpath(directory) == self._v1_root:
             return None  # the root cgroup restricts nothing
-        return V1Devices(Path(directory))
+        return V1Devices(directory)
 
     def _v2(self, directory: str | None) -> V2Devices | None:
-        if directory is None or Path(directory) == self.layout.v2_root:
+        if directory is None or os.path.normpath(directory) == self._v2_root:
             return None
         return V2Devices(Path(directory))
 
@@ -662,7 +697,7 @@ class Engine:
 
     @contextlib.contextmanager
     def _fs(self, container: Container) -> Iterator[ContainerFs]:
-        proc_dir = Path(os.path.join(self.host.proc, str(container.init_pid)))
+        proc_dir = os.path.join(self._proc, str(container.init_pid))
         fs = open_container_fs(proc_dir, self.config.node_method)
         try:
             yield fs
@@ -671,28 +706,49 @@ class Engine:
 
 
 class _Liveness:
-    """A pidfd on the container's init: notices an exit mid-operation, and PID reuse."""
+    """A pidfd on the container's init: notices an exit mid-operation, and PID reuse.
 
-    def __init__(self, host: HostRoot, container: Container) -> None:
+    `expected_start`: the init's start time when it was resolved (a cached resolution);
+    another start time means the PID is another process's now. `host_mnt_ns`: refuse an
+    init found in the host's mount namespace (re-checked for a cached resolution).
+    """
+
+    def __init__(
+        self,
+        host: HostRoot,
+        container: Container,
+        expected_start: int | None = None,
+        host_mnt_ns: str | None = None,
+    ) -> None:
         self.container = container
         self.host = host
+        self.expected_start = expected_start
+        self.host_mnt_ns = host_mnt_ns
 
-    def __enter__(self) -> _Liveness:
+    def enter(self) -> _Liveness:
+        pid = self.container.init_pid
         try:
-            self.fd = os.pidfd_open(self.container.init_pid)
+            self.fd = os.pidfd_open(pid)
         except ProcessLookupError as exc:
             raise ContainerNotFound(f"container {self.container.key} has exited") from exc
         try:
-            self.start_time = _start_time(self.host, self.container.init_pid)
+            self.start_time = _start_time(self.host, pid)
+            if self.expected_start is not None and self.start_time != self.expected_start:
+                raise ContainerNotFound(f"PID {pid} is no longer {self.container.key}'s init")
             self.check()
-            if self.container.init_pid not in self.container.pids():
+            if not _member(self.container):
                 # Resolved a moment ago, gone since, its PID now someone else's: the pidfd
                 # holds whatever process has that PID, so prove it is still the container's.
                 raise ContainerNotFound(f"container {self.container.key} has exited")
+            if self.host_mnt_ns is not None and _mnt_ns(self.host, pid) == self.host_mnt_ns:
+                raise NotInContainer(f"process {pid} runs in the host's mount namespace")
         except BaseException:
             os.close(self.fd)
             raise
         return self
+
+    def __enter__(self) -> _Liveness:
+        return self if hasattr(self, "fd") else self.enter()
 
     def check(self) -> None:
         readable, _, _ = select.select([self.fd], [], [], 0)
@@ -703,13 +759,38 @@ class _Liveness:
         os.close(self.fd)
 
 
-def _start_time(host: HostRoot, pid: int) -> int:
+def _normpath(path: Path | None) -> str | None:
+    return os.path.normpath(path) if path is not None else None
+
+
+def _member(container: Container) -> bool:
+    """The init is in the container's cgroup: its own `cgroup.procs` first (one read),
+    the whole subtree only when it is not there."""
+    own = read_pids_file(os.path.join(container.procs_dir, "cgroup.procs"))
+    return (own is not None and container.init_pid in own) or (
+        container.init_pid in container.pids()
+    )
+
+
+def _mnt_ns(host: HostRoot, pid: int) -> str:
     try:
-        with open(os.path.join(host.proc, str(pid), "stat")) as stat_file:
-            text = stat_file.read()
+        return os.readlink(os.path.join(host.proc, str(pid), "ns", "mnt"))
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
-    return int(text.rpartition(")")[2].split()[19])  # field 22: starttime
+
+
+def _start_time(host: HostRoot, pid: int) -> int:
+    try:
+        fd = os.open(os.path.join(host.proc, str(pid), "stat"), os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, ProcessLookupError) as exc:
+        raise ContainerNotFound(f"process {pid} has exited") from exc
+    try:
+        data = os.read(fd, 4096)
+    except ProcessLookupError as exc:
+        raise ContainerNotFound(f"process {pid} has exited") from exc
+    finally:
+        os.close(fd)
+    return int(data.rpartition(b")")[2].split()[19])  # field 22: starttime
 
 
 def _rule(node_record: NodeRecord) -> DeviceRule:

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import logging
 import os
 import re
-import tempfile
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -95,6 +96,7 @@ def now() -> str:
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
+@functools.lru_cache(maxsize=8192)
 def _file_name(key: str) -> str:
     """Device and container keys hold '/' and '=': keep them readable and unique."""
     cleaned = _SAFE.sub("_", key)
@@ -111,31 +113,41 @@ class Ledger:
         self._locks = state_dir / "locks"
         for directory in (self._containers, self._claims, self._locks):
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Plain strings for the per-operation paths: pathlib costs more than the syscalls.
+        self._containers_dir = os.fspath(self._containers)
+        self._claims_dir = os.fspath(self._claims)
+        self._locks_dir = os.fspath(self._locks)
+        self._claim_cache: dict[bytes, Claim] = {}
+
+    def _record_path(self, key: str) -> str:
+        return os.path.join(self._containers_dir, f"{_file_name(key)}.json")
 
     # -- records
     def load(self, key: str) -> ContainerRecord | None:
-        return _parse(self._containers / f"{_file_name(key)}.json")
+        return _parse(self._record_path(key))
 
     def save(self, record: ContainerRecord) -> None:
-        path = self._containers / f"{_file_name(record.key)}.json"
+        path = self._record_path(record.key)
         if not record.devices and record.pending is None and not record.nodes:
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                os.unlink(path)
             return
         _atomic_write(path, record.model_dump_json(indent=1).encode())
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            (self._containers / f"{_file_name(key)}.json").unlink()
+            os.unlink(self._record_path(key))
 
     def records(self) -> list[ContainerRecord]:
-        records = (_parse(path) for path in sorted(self._containers.glob("*.json")))
+        names = sorted(n for n in os.listdir(self._containers_dir) if n.endswith(".json"))
+        records = (_parse(os.path.join(self._containers_dir, n)) for n in names if n[0] != ".")
         return [record for record in records if record is not None]
 
     # -- per-container operation lock
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
-        fd = os.open(self._locks / f"{_file_name(key)}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        path = os.path.join(self._locks_dir, f"{_file_name(key)}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -150,35 +162,51 @@ class Ledger:
             yield
 
     def claim_path(self, owner: str, device_key: str) -> Path:
-        return self._claims / f"{_file_name(owner)}@{_file_name(device_key)}"
+        return Path(self._claim_file(owner, device_key))
+
+    def _claim_file(self, owner: str, device_key: str) -> str:
+        return os.path.join(self._claims_dir, f"{_file_name(owner)}@{_file_name(device_key)}")
 
     def claims(self) -> list[Claim]:
         """Every claim on disk. One that does not parse (empty, cut short) holds everything:
-        it never reads as free. Its owner is in its file name, so reconcile can repair it."""
+        it never reads as free. Its owner is in its file name, so reconcile can repair it.
+
+        Every file is read on every call (another process may have written it), but a
+        content seen before is not parsed again: the cache is keyed by the bytes read.
+        """
         out = []
-        for path in sorted(self._claims.iterdir()):
-            if path.name.startswith("."):
+        cache = self._claim_cache
+        for name in sorted(os.listdir(self._claims_dir)):
+            if name.startswith("."):
                 continue  # a temp file not yet linked into place: no claim
-            try:
-                out.append(_claim_of(ClaimRecord.model_validate_json(path.read_bytes())))
-            except FileNotFoundError:
+            data = _read_bytes(os.path.join(self._claims_dir, name))
+            if data is None:
                 continue
-            except ValueError:
-                owner = path.name.partition("@")[0]
-                out.append(
-                    Claim(owner=owner, device=f"?{path.name}", group=owner, footprint=UNKNOWN)
-                )
+            claim = cache.get(data)
+            if claim is None:
+                try:
+                    claim = _claim_of(ClaimRecord.model_validate_json(data))
+                except ValueError:
+                    owner = name.partition("@")[0]
+                    out.append(
+                        Claim(owner=owner, device=f"?{name}", group=owner, footprint=UNKNOWN)
+                    )
+                    continue
+                if len(cache) > 4096:
+                    cache.clear()
+                cache[data] = claim
+            out.append(claim)
         return out
 
     def add_claims(self, claims: list[Claim]) -> None:
         """Write each claim whole into a temp file, then link it into place (call under
         `claims_lock`). A reader sees no file or a complete one, never an empty claim."""
         for claim in claims:
-            _link_into_place(self.claim_path(claim.owner, claim.device), _claim_bytes(claim))
+            _link_into_place(self._claim_file(claim.owner, claim.device), _claim_bytes(claim))
 
     def release(self, device_key: str, owner: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.claim_path(owner, device_key).unlink()
+            os.unlink(self._claim_file(owner, device_key))
 
     def release_unreadable(self, owner: str) -> None:
         """Drop `owner`'s claim files that do not parse (call under `claims_lock`)."""
@@ -234,14 +262,43 @@ def _claim_of(record: ClaimRecord) -> Claim:
     )
 
 
-def _link_into_place(path: Path, data: bytes) -> None:
-    """Temp file, then link(2): the name appears only with its whole content behind it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:80]}.")
+def _temp_beside(path: str) -> str:
+    """A temp name beside `path`, its own for this process and thread (no random names:
+    the writers of one name are serialized by a lock, and no two threads share a temp).
+    It starts with a dot: readers skip it, `sweep_temp_claims` removes a crashed one."""
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name[:80]}.{os.getpid()}.{threading.get_ident()}")
+
+
+def _write_new(tmp: str, data: bytes) -> None:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _link_into_place(path: str, data: bytes) -> None:
+    """Temp file, then link(2): the name appears only with its whole content behind it."""
+    tmp = _temp_beside(path)
+    try:
+        _write_new(tmp, data)
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -253,25 +310,23 @@ def _link_into_place(path: Path, data: bytes) -> None:
             os.unlink(tmp)
 
 
-def _parse(path: Path) -> ContainerRecord | None:
+def _parse(path: str) -> ContainerRecord | None:
     try:
-        return ContainerRecord.model_validate_json(path.read_text())
-    except FileNotFoundError:
-        return None
+        data = _read_bytes(path)
+        if data is None:
+            return None
+        return ContainerRecord.model_validate_json(data)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         log.warning("ignoring unreadable ledger record %s: %s", path, exc)
         return None
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = _temp_beside(path)
     try:
-        os.write(fd, data)
-        os.close(fd)
+        _write_new(tmp, data)
         os.replace(tmp, path)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise KernelError(f"writing the ledger {path}: {exc.strerror}") from exc

@@ -9,6 +9,7 @@ write's return code, is the proof.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,12 @@ class ListEntry:
 
 
 def parse_list(text: str) -> list[ListEntry]:
+    return list(_parse_list(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_list(text: str) -> tuple[ListEntry, ...]:
+    """Pure and cached: a container's list reads the same from one mount to the next."""
     entries = []
     for line in text.splitlines():
         parts = line.split()
@@ -51,38 +58,56 @@ def parse_list(text: str) -> list[ListEntry]:
                 access_mask(access),
             )
         )
-    return entries
+    return tuple(entries)
 
 
-def allows(entries: list[ListEntry], rule: DeviceRule) -> bool:
+def allows(entries: list[ListEntry] | tuple[ListEntry, ...], rule: DeviceRule) -> bool:
     return any(entry.covers(rule) for entry in entries)
 
 
 class V1Devices:
     """The `devices` cgroup of one container."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path | str) -> None:
         self.directory = directory
 
-    def entries(self) -> list[ListEntry]:
+    def entries(self) -> tuple[ListEntry, ...]:
+        path = os.path.join(self.directory, "devices.list")
         try:
-            return parse_list((self.directory / "devices.list").read_text())
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError as exc:
             raise ContainerNotFound(f"cgroup {self.directory} is gone") from exc
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        return _parse_list(b"".join(chunks).decode())
 
     def allows(self, rule: DeviceRule) -> bool:
         return allows(self.entries(), rule)
 
     def allow(self, rule: DeviceRule) -> None:
-        self._write("devices.allow", rule)
-        if not self.allows(rule):
-            raise KernelError(f"{self.directory}: wrote '{rule.v1_line()}' but the list lacks it")
+        self.allow_all([rule])
+
+    def allow_all(self, rules: list[DeviceRule]) -> None:
+        """Write every rule, then read the list back once: the kernel is the proof."""
+        for rule in rules:
+            self._write("devices.allow", rule)
+        if not rules:
+            return
+        entries = self.entries()
+        for rule in rules:
+            if not allows(entries, rule):
+                line = rule.v1_line()
+                raise KernelError(f"{self.directory}: wrote '{line}' but the list lacks it")
 
     def deny(self, rule: DeviceRule) -> None:
         self._write("devices.deny", rule)
 
     def _write(self, name: str, rule: DeviceRule) -> None:
-        path = self.directory / name
+        path = os.path.join(self.directory, name)
         try:
             fd = os.open(path, os.O_WRONLY)
         except FileNotFoundError as exc:

@@ -14,6 +14,7 @@ from hotmount.containers import (
     find_cgroup_dir,
     parse_container_ref,
     parse_proc_cgroup,
+    read_cgroup_pids,
 )
 from hotmount.errors import InvalidContainerRef
 
@@ -291,3 +292,21 @@ def test_walk_is_depth_bounded(tree: Path, depth: int, found: bool) -> None:
     target = make_dirs(tree, nested(depth, f"cri-containerd-{CID}.scope"))
     assert len(target.relative_to(tree).parts) == depth
     assert find_cgroup_dir(tree, CID) == (target if found else None)
+
+
+# -- the PIDs of a cgroup and its descendants
+
+
+def test_cgroup_pids_include_every_descendant(tmp_path: Path) -> None:
+    """A leaf (no subdirectory) is read without listing it; a cgroup with children is
+    walked: a process a container moved into a child cgroup is still the container's."""
+    (tmp_path / "cgroup.procs").write_text("7\n3\n")
+    (tmp_path / "memory.max").write_text("max\n")  # files are not cgroups
+    (tmp_path / "init.scope").mkdir()
+    (tmp_path / "init.scope" / "cgroup.procs").write_text("11\n")
+    (tmp_path / "init.scope" / "deeper").mkdir()
+    (tmp_path / "init.scope" / "deeper" / "cgroup.procs").write_text("12\n")
+
+    assert read_cgroup_pids(tmp_path) == [3, 7, 11, 12]
+    assert read_cgroup_pids(tmp_path / "init.scope" / "deeper") == [12]
+    assert read_cgroup_pids(tmp_path / "gone") == []

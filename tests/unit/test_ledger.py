@@ -175,6 +175,32 @@ def test_an_empty_or_cut_short_claim_file_never_reads_as_free(
     assert ledger.claims() == []
 
 
+def test_a_claim_read_before_then_cut_short_in_place_never_reads_as_its_old_self(
+    ledger: Ledger,
+) -> None:
+    """Claims are parsed once per content: a file rewritten in place under the same name
+    and inode (same length even) is read again and judged by what it holds now."""
+    ledger.add_claims([claim("GPU-1", CID)])
+    assert ledger.claims() == [claim("GPU-1", CID)]  # parsed and cached
+    path = ledger.claim_path(CID, "GPU-1")
+    inode, size = path.stat().st_ino, path.stat().st_size
+    with path.open("r+b") as f:  # garbage of the same length, same inode
+        f.write(b"\0" * size)
+    assert (path.stat().st_ino, path.stat().st_size) == (inode, size)
+
+    [held] = ledger.claims()
+
+    assert held.owner == CID and held.footprint.unknown
+
+
+def test_a_claim_written_by_another_ledger_is_seen_at_once(ledger: Ledger) -> None:
+    """Nothing about the claims is kept between calls but parsed contents: a second
+    process (the CLI beside the agent) writing a claim is seen by the next read."""
+    assert ledger.claims() == []
+    Ledger(ledger.state_dir).add_claims([claim("GPU-1", OTHER)])
+    assert ledger.claims() == [claim("GPU-1", OTHER)]
+
+
 def test_temp_files_of_a_crashed_writer_are_no_claim_and_are_swept(ledger: Ledger) -> None:
     (ledger.state_dir / "claims" / f".{CID}@GPU-1.x1y2").write_bytes(b"")
     assert ledger.claims() == []

@@ -1,0 +1,144 @@
+"""The resolution cache is a hint, never proof: a container ID resolved before is trusted
+only after its init is pinned and shown to be the same process, still in the container.
+
+Attacks: the container dies and its init's PID goes to another process (on the host, or
+moved into another container's cgroup); a cache entry whose start time is not the
+process's. None may grant into the wrong cgroup or create a node anywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hotmount.containers import read_cgroup_pids
+from hotmount.engine import Engine
+from hotmount.errors import ContainerNotFound
+from tests.kernel.conftest import GPU0
+from tests.kernel.test_pid_reuse import gone
+from tests.support.pids import spawn_with_pid
+from tests.support.runc import RuncContainer
+
+
+def cache_and_stop(engine: Engine, container: RuncContainer) -> int:
+    """Mount and unmount once (the ID is now cached), then stop the container: its
+    init's PID is free for anyone."""
+    engine.mount(container.id, [GPU0])
+    engine.unmount(container.id, [GPU0])
+    hit = engine.resolver.cached(container.id)
+    assert hit is not None, "a resolved container ID is cached"
+    init = hit[0].init_pid
+    container.stop()
+    gone(init)
+    return init
+
+
+def nothing_granted(engine: Engine, victim: subprocess.Popen[bytes], host_dev: bool) -> None:
+    assert engine.ledger.records() == [] and engine.ledger.claims() == []
+    assert os.path.lexists("/dev/nvidia0") is host_dev, "a node appeared in the host's /dev"
+    cgroup = Path(f"/proc/{victim.pid}/cgroup").read_text()
+    assert "devices" in cgroup  # still alive, still where it was put
+
+
+@pytest.mark.parametrize("mode", ["v1", "v2"])
+def test_a_pid_reused_by_a_host_process_after_a_cached_resolution_gets_nothing(
+    engine: Engine, tmp_path: Path, rootfs: Path, mode: str
+) -> None:
+    host_dev = os.path.lexists("/dev/nvidia0")
+    container = RuncContainer(tmp_path, rootfs, mode)
+    init = cache_and_stop(engine, container)
+    victim = spawn_with_pid(init, ["sleep", "1000"])
+    try:
+        with pytest.raises(ContainerNotFound):
+            engine.mount(container.id, [GPU0])
+        assert engine.resolver.cached(container.id) is None, "the stale entry is dropped"
+        nothing_granted(engine, victim, host_dev)
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_pid_reused_inside_another_container_grants_nothing_there(
+    engine: Engine, tmp_path: Path, rootfs: Path
+) -> None:
+    """The reused PID sits in another live container's cgroups: that container's list
+    must not gain the grant meant for the dead one."""
+    host_dev = os.path.lexists("/dev/nvidia0")
+    dead = RuncContainer(tmp_path, rootfs, "v1")
+    other = RuncContainer(tmp_path, rootfs, "v1")
+    try:
+        init = cache_and_stop(engine, dead)
+        victim = spawn_with_pid(init, ["sleep", "1000"])
+        try:
+            (other.v1_devices_dir / "cgroup.procs").write_text(str(victim.pid))
+            (other.v2_dir / "cgroup.procs").write_text(str(victim.pid))
+            before = (other.v1_devices_dir / "devices.list").read_text()
+            with pytest.raises(ContainerNotFound):
+                engine.mount(dead.id, [GPU0])
+            assert (other.v1_devices_dir / "devices.list").read_text() == before
+            assert "nvidia0" not in other.ls_dev()
+            nothing_granted(engine, victim, host_dev)
+        finally:
+            victim.kill()
+            victim.wait()
+    finally:
+        other.stop()
+
+
+def test_a_cache_entry_with_another_start_time_is_dropped_and_resolved_afresh(
+    engine: Engine, container: RuncContainer
+) -> None:
+    """A poisoned entry (its init's start time is not the process's): the engine does
+    not use it, resolves the ID again, and mounts into the real container."""
+    engine.mount(container.id, [GPU0])
+    engine.unmount(container.id, [GPU0])
+    cached, start_time = engine.resolver.cached(container.id) or (None, 0)
+    assert cached is not None
+    wrong_dir = container.v1_devices_dir.parent  # the root: a cgroup we must never use
+    engine.resolver.remember(replace(cached, v1_devices_dir=wrong_dir), start_time + 1)
+
+    engine.mount(container.id, [GPU0])
+
+    assert container.open_result("/dev/nvidia0") == "ENXIO"  # granted: no driver behind
+    fresh = engine.resolver.cached(container.id)
+    assert fresh is not None and fresh == (cached, start_time)
+    engine.unmount(container.id, [GPU0])
+
+
+def test_a_process_in_a_child_cgroup_is_the_containers_on_real_cgroupfs(
+    engine: Engine, container: RuncContainer
+) -> None:
+    """cgroupfs counts subdirectories in st_nlink (a leaf is read without a listing): a
+    child cgroup made inside the container, with a process in it, is still walked."""
+    directory = container.v2_dir if container.mode == "v2" else container.v1_devices_dir
+    child = directory / "inner"
+    child.mkdir()
+    worker = container.exec_in_background("sleep", "1000")
+    try:
+        for _ in range(200):  # until the exec'd process has joined the cgroup
+            pids = read_cgroup_pids(directory)
+            if len(pids) > 1:
+                break
+            time.sleep(0.05)
+        moved = max(p for p in pids if p != engine.resolve(container.id).init_pid)
+        (child / "cgroup.procs").write_text(str(moved))
+        assert read_cgroup_pids(child) == [moved]
+        assert moved in read_cgroup_pids(directory)
+        assert moved in engine.resolve(container.id).pids()
+    finally:
+        worker.kill()
+        worker.wait()
+        for pid in read_cgroup_pids(child):
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+        for _ in range(100):
+            if not read_cgroup_pids(child):
+                break
+            time.sleep(0.05)
+        child.rmdir()
