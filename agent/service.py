@@ -224,7 +224,10 @@ class NodeService:
                     extra,
                     rdma=request.rdma_options(),
                 )
+            timeout = idle.timeout_of(extra)
             for container, each in done:
+                for d in each.mounted:
+                    d.idle_timeout = idle.format_duration(timeout) if timeout else None
                 if each.mounted:
                     names = ", ".join(_label(d) for d in each.mounted)
                     self._event(
