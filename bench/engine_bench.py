@@ -6,7 +6,14 @@ Prints p50/p99 of:
 - engine mount and unmount of one stand-in GPU (195:0, plus nvidiactl) on v1 and v2;
 - on v1, the same mount (the same two nodes) done the way GPUMounter does it, in the
   same run: per node `sh -c "echo 'c M:N rw' > devices.allow"` then
-  `nsenter --target PID --mount sh -c "mknod ... && chmod ..."`, and the ratios;
+  `nsenter --target PID --mount sh -c "mknod ... && chmod ..."`, and its unmount: per
+  node `nsenter --target PID --mount rm PATH` then `sh -c "echo ... > devices.deny"`;
+  the ratios against the engine's mount and unmount;
+- on v2 there is no devices.allow to write (the grant is a BPF map update no shell
+  tool of GPUMounter's kind makes), so its shell analogue is the nsenter half alone:
+  `nsenter ... mknod && chmod` per node to mount, `nsenter ... rm` per node to unmount,
+  a lower bound on any shell pipeline there. v2 ratios are printed against both that
+  analogue and the v1 pipeline's figure from the same run, each named;
 - resolution of a container ID to its PIDs and cgroups, with N extra idle processes
   on the host (cold: a fresh resolver walks the cgroup tree; warm: cached), against
   the /proc scan it avoids.
@@ -55,28 +62,41 @@ def bench_engine(
 NODES = (("/dev/nvidia0", 195, 0), ("/dev/nvidiactl", 195, 255))  # what the engine mounts
 
 
-def bench_shell(container: RuncContainer, iterations: int) -> list[float]:
+def bench_shell(container: RuncContainer, iterations: int) -> tuple[list[float], list[float]]:
     """GPUMounter's way, for the same two nodes: a shell per devices.allow write, and
-    nsenter into the mount namespace running mknod and chmod from the container's image."""
-    allow = container.v1_devices_dir / "devices.allow"
-    deny = container.v1_devices_dir / "devices.deny"
+    nsenter into the mount namespace running mknod and chmod from the container's image;
+    to unmount, nsenter rm, then a shell per devices.deny write. On v2 only the nsenter
+    half (there is no devices file to write). Returns (mount, unmount) samples."""
+    v1 = container.mode == "v1"
     enter = ["nsenter", "--target", str(container.pid), "--mount"]
-    samples = []
-    for _ in range(iterations):
+    mounts, unmounts = [], []
 
-        def pipeline() -> None:
-            for path, major, minor in NODES:
-                subprocess.run(["sh", "-c", f"echo 'c {major}:{minor} rw' > {allow}"], check=True)
-                subprocess.run(
-                    [*enter, "sh", "-c", f"mknod {path} c {major} {minor} && chmod 666 {path}"],
-                    check=True,
-                )
+    def cgroup_write(name: str, major: int, minor: int) -> None:
+        if v1:
+            target = container.v1_devices_dir / name
+            subprocess.run(["sh", "-c", f"echo 'c {major}:{minor} rw' > {target}"], check=True)
 
-        samples.append(timed(pipeline))
+    def mount() -> None:
+        for path, major, minor in NODES:
+            cgroup_write("devices.allow", major, minor)
+            subprocess.run(
+                [*enter, "sh", "-c", f"mknod {path} c {major} {minor} && chmod 666 {path}"],
+                check=True,
+            )
+
+    def unmount() -> None:
         for path, major, minor in NODES:
             subprocess.run([*enter, "rm", path], check=True)
-            deny.write_text(f"c {major}:{minor} rw")
-    return samples
+            cgroup_write("devices.deny", major, minor)
+
+    for _ in range(iterations):
+        mounts.append(timed(mount))
+        unmounts.append(timed(unmount))
+    return mounts, unmounts
+
+
+def ratio_line(label: str, baseline: list[float], engine: list[float]) -> str:
+    return f"{label:<44} {percentile(baseline, 50) / percentile(engine, 50):8.1f}x"
 
 
 def bench_resolution(container: RuncContainer, engine: Engine, extra: int, iterations: int) -> None:
@@ -125,19 +145,41 @@ def main() -> int:
         EngineConfig(cdi_dirs=(str(work / "cdi"),), state_dir=work / "state", use_nvml=False)
     )
     print(f"cgroup layout: {engine.layout.mode}; ledger on tmpfs; {args.iterations} iterations\n")
+    shell_iterations = max(50, args.iterations // 3)
+    v1_shell: tuple[list[float], list[float]] = ([], [])
     for mode in ("v1", "v2"):
         container = RuncContainer(work, rootfs, mode)
         try:
             samples = bench_engine(engine, container, args.iterations)
             for name, values in samples.items():
                 print(summary(f"engine {name} ({mode})", values))
+            mount, unmount = bench_shell(container, shell_iterations)
             if mode == "v1":
-                shell = bench_shell(container, max(50, args.iterations // 3))
-                print(summary("baseline: shell devices.allow + nsenter mknod", shell))
+                v1_shell = (mount, unmount)
+                print(summary("baseline: shell devices.allow + nsenter mknod", mount))
+                print(summary("baseline: shell nsenter rm + devices.deny", unmount))
                 for name in ("mount", "mount-resolved"):
-                    ratio = percentile(shell, 50) / percentile(samples[name], 50)
-                    print(f"{f'ratio shell p50 / engine {name} p50 (v1)':<44} {ratio:8.1f}x")
+                    label = f"ratio shell p50 / engine {name} p50 (v1)"
+                    print(ratio_line(label, mount, samples[name]))
+                for name in ("unmount", "unmount-resolved"):
+                    label = f"ratio shell p50 / engine {name} p50 (v1)"
+                    print(ratio_line(label, unmount, samples[name]))
                 bench_resolution(container, engine, args.idle_processes, 50)
+            else:
+                print(summary("baseline v2 analogue: nsenter mknod only", mount))
+                print(summary("baseline v2 analogue: nsenter rm only", unmount))
+                for name, base, v1_base in (
+                    ("mount", mount, v1_shell[0]),
+                    ("unmount", unmount, v1_shell[1]),
+                ):
+                    engine_p50 = samples[name]
+                    analogue = f"ratio v2 analogue p50 / engine {name} p50 (v2)"
+                    print(ratio_line(analogue, base, engine_p50))
+                    print(
+                        ratio_line(
+                            f"ratio v1 shell p50 / engine {name} p50 (v2)", v1_base, engine_p50
+                        )
+                    )
             print()
         finally:
             container.stop()

@@ -146,7 +146,7 @@ def read_cgroup_pids(directory: Path | str) -> list[int]:
     pending = [os.fspath(directory)]
     while pending:
         current = pending.pop()
-        found = read_pids_file(os.path.join(current, "cgroup.procs"))
+        found = read_pids_file(f"{current}/cgroup.procs")
         if found is None:
             continue
         pids.update(found)

@@ -439,10 +439,9 @@ class Engine:
                     except UnsafePath as exc:
                         log.warning("leaving %s alone: %s", node_record.path, exc)
         v1 = self._v1(record.v1_dir)
-        for node_record in leaving:
-            if node_record.v1_added and v1 is not None:
-                with contextlib.suppress(ContainerNotFound):
-                    v1.deny(_rule(node_record))
+        if v1 is not None:
+            with contextlib.suppress(ContainerNotFound):
+                v1.deny_all([_rule(n) for n in leaving if n.v1_added])
         v2 = self._v2(record.v2_dir)
         if v2 is not None:
             with contextlib.suppress(ContainerNotFound):
@@ -625,19 +624,19 @@ class Engine:
         in the host's mount namespace. Any doubt drops the entry and resolves afresh.
         """
         if isinstance(ref, Container):
-            return ref, _Liveness(self.host, ref).enter()
+            return ref, _Liveness(self._proc, ref).enter()
         if isinstance(ref, str):
             ref = parse_container_ref(ref)
         hit = self.resolver.cached(ref.container_id) if ref.container_id else None
         if hit is not None:
             cached, start_time = hit
             try:
-                proven = _Liveness(self.host, cached, start_time, self.resolver.host_mnt_ns())
+                proven = _Liveness(self._proc, cached, start_time, self.resolver.host_mnt_ns())
                 return cached, proven.enter()
             except (ContainerNotFound, NotInContainer):
                 self.resolver.forget(cached.id or "")
         container = self.resolver.resolve(ref)
-        alive = _Liveness(self.host, container).enter()
+        alive = _Liveness(self._proc, container).enter()
         self.resolver.remember(container, alive.start_time)
         return container, alive
 
@@ -672,7 +671,7 @@ class Engine:
             return None
         if container.init_pid != record.init_pid:
             return None
-        if _start_time(self.host, container.init_pid) != record.init_start_time:
+        if _start_time(self._proc, container.init_pid) != record.init_start_time:
             return None
         return container
 
@@ -697,7 +696,7 @@ class Engine:
 
     @contextlib.contextmanager
     def _fs(self, container: Container) -> Iterator[ContainerFs]:
-        proc_dir = os.path.join(self._proc, str(container.init_pid))
+        proc_dir = f"{self._proc}/{container.init_pid}"
         fs = open_container_fs(proc_dir, self.config.node_method)
         try:
             yield fs
@@ -715,13 +714,13 @@ class _Liveness:
 
     def __init__(
         self,
-        host: HostRoot,
+        proc: str,
         container: Container,
         expected_start: int | None = None,
         host_mnt_ns: str | None = None,
     ) -> None:
         self.container = container
-        self.host = host
+        self.proc = proc
         self.expected_start = expected_start
         self.host_mnt_ns = host_mnt_ns
 
@@ -732,7 +731,7 @@ class _Liveness:
         except ProcessLookupError as exc:
             raise ContainerNotFound(f"container {self.container.key} has exited") from exc
         try:
-            self.start_time = _start_time(self.host, pid)
+            self.start_time = _start_time(self.proc, pid)
             if self.expected_start is not None and self.start_time != self.expected_start:
                 raise ContainerNotFound(f"PID {pid} is no longer {self.container.key}'s init")
             self.check()
@@ -740,7 +739,7 @@ class _Liveness:
                 # Resolved a moment ago, gone since, its PID now someone else's: the pidfd
                 # holds whatever process has that PID, so prove it is still the container's.
                 raise ContainerNotFound(f"container {self.container.key} has exited")
-            if self.host_mnt_ns is not None and _mnt_ns(self.host, pid) == self.host_mnt_ns:
+            if self.host_mnt_ns is not None and _mnt_ns(self.proc, pid) == self.host_mnt_ns:
                 raise NotInContainer(f"process {pid} runs in the host's mount namespace")
         except BaseException:
             os.close(self.fd)
@@ -766,22 +765,22 @@ def _normpath(path: Path | None) -> str | None:
 def _member(container: Container) -> bool:
     """The init is in the container's cgroup: its own `cgroup.procs` first (one read),
     the whole subtree only when it is not there."""
-    own = read_pids_file(os.path.join(container.procs_dir, "cgroup.procs"))
+    own = read_pids_file(f"{container.procs_dir}/cgroup.procs")
     return (own is not None and container.init_pid in own) or (
         container.init_pid in container.pids()
     )
 
 
-def _mnt_ns(host: HostRoot, pid: int) -> str:
+def _mnt_ns(proc: str, pid: int) -> str:
     try:
-        return os.readlink(os.path.join(host.proc, str(pid), "ns", "mnt"))
+        return os.readlink(f"{proc}/{pid}/ns/mnt")
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
 
 
-def _start_time(host: HostRoot, pid: int) -> int:
+def _start_time(proc: str, pid: int) -> int:
     try:
-        fd = os.open(os.path.join(host.proc, str(pid), "stat"), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
     try:

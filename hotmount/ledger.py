@@ -120,7 +120,7 @@ class Ledger:
         self._claim_cache: dict[bytes, Claim] = {}
 
     def _record_path(self, key: str) -> str:
-        return os.path.join(self._containers_dir, f"{_file_name(key)}.json")
+        return f"{self._containers_dir}/{_file_name(key)}.json"
 
     # -- records
     def load(self, key: str) -> ContainerRecord | None:
@@ -132,7 +132,7 @@ class Ledger:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return
-        _atomic_write(path, record.model_dump_json(indent=1).encode())
+        _atomic_write(path, record.model_dump_json().encode())
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -146,7 +146,7 @@ class Ledger:
     # -- per-container operation lock
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
-        path = os.path.join(self._locks_dir, f"{_file_name(key)}.lock")
+        path = f"{self._locks_dir}/{_file_name(key)}.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -165,7 +165,7 @@ class Ledger:
         return Path(self._claim_file(owner, device_key))
 
     def _claim_file(self, owner: str, device_key: str) -> str:
-        return os.path.join(self._claims_dir, f"{_file_name(owner)}@{_file_name(device_key)}")
+        return f"{self._claims_dir}/{_file_name(owner)}@{_file_name(device_key)}"
 
     def claims(self) -> list[Claim]:
         """Every claim on disk. One that does not parse (empty, cut short) holds everything:
@@ -179,7 +179,7 @@ class Ledger:
         for name in sorted(os.listdir(self._claims_dir)):
             if name.startswith("."):
                 continue  # a temp file not yet linked into place: no claim
-            data = _read_bytes(os.path.join(self._claims_dir, name))
+            data = _read_bytes(f"{self._claims_dir}/{name}")
             if data is None:
                 continue
             claim = cache.get(data)

@@ -7,6 +7,8 @@ first device that needs it and goes with the last.
 
 from __future__ import annotations
 
+import functools
+
 from hotmount.devices.model import Device, DeviceNode
 from hotmount.errors import UnsafePath
 from hotmount.ledger import ContainerRecord, NodeRecord
@@ -44,4 +46,10 @@ def nodes_to_remove(record: ContainerRecord, keys: list[str]) -> list[NodeRecord
 
 
 def node_of(record: NodeRecord) -> DeviceNode:
-    return DeviceNode(record.path, record.major, record.minor, record.file_mode, record.permissions)
+    return _node(record.path, record.major, record.minor, record.file_mode, record.permissions)
+
+
+@functools.lru_cache(maxsize=4096)
+def _node(path: str, major: int, minor: int, file_mode: int, permissions: str) -> DeviceNode:
+    """Nodes are immutable values: one validated instance per spelling (a hot path)."""
+    return DeviceNode(path, major, minor, file_mode, permissions)

@@ -72,7 +72,7 @@ class V1Devices:
         self.directory = directory
 
     def entries(self) -> tuple[ListEntry, ...]:
-        path = os.path.join(self.directory, "devices.list")
+        path = f"{self.directory}/devices.list"
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError as exc:
@@ -93,10 +93,9 @@ class V1Devices:
 
     def allow_all(self, rules: list[DeviceRule]) -> None:
         """Write every rule, then read the list back once: the kernel is the proof."""
-        for rule in rules:
-            self._write("devices.allow", rule)
         if not rules:
             return
+        self._write("devices.allow", rules)
         entries = self.entries()
         for rule in rules:
             if not allows(entries, rule):
@@ -104,19 +103,27 @@ class V1Devices:
                 raise KernelError(f"{self.directory}: wrote '{line}' but the list lacks it")
 
     def deny(self, rule: DeviceRule) -> None:
-        self._write("devices.deny", rule)
+        self.deny_all([rule])
 
-    def _write(self, name: str, rule: DeviceRule) -> None:
-        path = os.path.join(self.directory, name)
+    def deny_all(self, rules: list[DeviceRule]) -> None:
+        if rules:
+            self._write("devices.deny", rules)
+
+    def _write(self, name: str, rules: list[DeviceRule]) -> None:
+        """One open, one write(2) per line: the kernel takes one rule per write."""
+        path = f"{self.directory}/{name}"
         try:
-            fd = os.open(path, os.O_WRONLY)
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         except FileNotFoundError as exc:
             raise ContainerNotFound(f"cgroup {self.directory} is gone") from exc
         try:
-            os.write(fd, rule.v1_line().encode())
-        except OSError as exc:
-            hint = " (the parent cgroup does not allow it)" if exc.errno == errno.EPERM else ""
-            line = rule.v1_line()
-            raise KernelError(f"writing '{line}' to {path}: {exc.strerror}{hint}") from exc
+            for rule in rules:
+                line = rule.v1_line()
+                try:
+                    os.write(fd, line.encode())
+                except OSError as exc:
+                    eperm = exc.errno == errno.EPERM
+                    why = " (the parent cgroup does not allow it)" if eperm else ""
+                    raise KernelError(f"writing '{line}' to {path}: {exc.strerror}{why}") from exc
         finally:
             os.close(fd)
