@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from bench.stats import percentile, summary, timed
+from hotmount.claims import Claim, Footprint
 from hotmount.containers import ContainerResolver
 from hotmount.engine import Engine, EngineConfig
 from tests.support.fixtures import STAND_IN_SPEC
@@ -99,6 +100,30 @@ def ratio_line(label: str, baseline: list[float], engine: list[float]) -> str:
     return f"{label:<44} {percentile(baseline, 50) / percentile(engine, 50):8.1f}x"
 
 
+def bench_claims(engine: Engine, iterations: int) -> None:
+    """What claims bookkeeping adds to one mount and unmount: check under the claims lock
+    and write (mount), then release (unmount), with 0 and 50 other containers' claims on
+    disk (on other GPUs: every claim file is read on every check, none collides)."""
+    device = engine.inventory.resolve_all([GPU])[0]
+    owner = "f" * 64
+    others = [
+        Claim(f"{n:064x}", f"bench/gpu={n}", f"{n:064x}", Footprint(frozenset({(195, 100 + n)})))
+        for n in range(50)
+    ]
+    for count in (0, len(others)):
+        engine.ledger.add_claims(others[:count])
+
+        def cycle() -> None:
+            engine._claim([device], owner, False, owner, None, None)
+            engine.ledger.release(device.key, owner)
+
+        cycle()
+        samples = [timed(cycle) for _ in range(iterations)]
+        print(summary(f"claims: check+write+release, {count} others", samples))
+        for claim in others[:count]:
+            engine.ledger.release(claim.device, claim.owner)
+
+
 def bench_resolution(container: RuncContainer, engine: Engine, extra: int, iterations: int) -> None:
     idle = [subprocess.Popen(["sleep", "600"]) for _ in range(extra)]
     try:
@@ -164,6 +189,7 @@ def main() -> int:
                 for name in ("unmount", "unmount-resolved"):
                     label = f"ratio shell p50 / engine {name} p50 (v1)"
                     print(ratio_line(label, unmount, samples[name]))
+                bench_claims(engine, args.iterations)
                 bench_resolution(container, engine, args.idle_processes, 50)
             else:
                 print(summary("baseline v2 analogue: nsenter mknod only", mount))
