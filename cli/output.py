@@ -149,14 +149,33 @@ def status_table(result: PodDevices) -> str:
             d.uuid,
             d.paths,
             holders_text(d.other_holders) if d.other_holders else "-",
+            idle_text(d.idle_seconds, d.idle_timeout),
         ]
         for c in result.containers
         for d in c.devices
     ]
     if not rows:
         return f"No devices are hot-mounted in {_pod(result.namespace, result.pod)}."
-    headers = ["POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS", "SHARED WITH"]
+    headers = [
+        "POD",
+        "CONTAINER",
+        "INDEX",
+        "DEVICE",
+        "UUID",
+        "PATHS",
+        "SHARED WITH",
+        "IDLE/TIMEOUT",
+    ]
     return columns(headers, rows)
+
+
+def idle_text(seconds: int | None, timeout: str | None) -> str:
+    """`12m/30m`: idle 12 minutes, taken back at 30; `busy/30m`: a process holds it;
+    `-/never`: not looked at yet, and no idle timeout."""
+    from agent.idle import format_duration
+
+    idle = "-" if seconds is None else "busy" if seconds == 0 else format_duration(seconds)
+    return f"{idle}/{timeout or 'never'}"
 
 
 def mount_table(result: MountResult) -> str:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from agent.schemas import DeviceList, MountResult, PodDevices, ReassignResult, UnmountResult
-from cli.output import Waiting, render
+from cli.output import Waiting, idle_text, render
 from tests.cli.test_client import (
     UUID0,
     UUID1,
@@ -75,9 +75,11 @@ def test_tables() -> None:
 
     status = render(RESULTS["status"], "table").splitlines()
     assert status[0].split() == [
-        "POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS", "SHARED", "WITH"
+        "POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS", "SHARED", "WITH", "IDLE/TIMEOUT"
     ]  # fmt: skip
     assert status[1].split()[:3] == ["ml/nb-0", "main", "1"]
+    assert status[1].split()[-1] == "-/never"
+    assert idle_text(0, "30m") == "busy/30m" and idle_text(720, "30m") == "12m/30m"
 
     listing = render(RESULTS["list"], "table").splitlines()
     assert listing[0].split() == [
