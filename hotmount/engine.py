@@ -15,6 +15,7 @@ import select
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from hotmount import claims, companions, plan, usage
 from hotmount.cgroups.detect import CgroupLayout, detect
@@ -42,6 +43,8 @@ from hotmount.errors import (
 )
 from hotmount.hostfs import HostRoot
 from hotmount.ledger import ContainerRecord, DeviceRecord, Ledger, NodeRecord, PendingOp, now
+from hotmount.netdev_plan import NetdevSpec
+from hotmount.netdevs import Netdevs
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ class EngineConfig:
     node_method: str = "auto"  # auto | openat2 | setns
     stop_grace: float = 10.0
     sys_root: Path | None = None  # where /sys is read for RDMA and PCIe places (default: host)
+    netdev_allow: tuple[str, ...] = ()  # interfaces (names, globs) that may move; empty: none
 
 
 @dataclass
@@ -73,6 +77,7 @@ class MountResult:
     container: dict[str, object]
     mounted: list[MountedDevice]
     already_mounted: list[MountedDevice]
+    netdevs: list[str] = field(default_factory=list)  # host interfaces moved in
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -85,6 +90,7 @@ class UnmountResult:
     not_mounted: list[str]
     stopped_pids: list[int]
     removed_nodes: list[str]
+    netdevs: list[str] = field(default_factory=list)  # host interfaces given back
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -131,6 +137,7 @@ class ReconcileReport:
     pending_finished: int = 0
     forgotten: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    netdevs: list[str] = field(default_factory=list)  # interfaces restored or forgotten
 
     @property
     def repairs(self) -> int:
@@ -151,6 +158,7 @@ class Engine:
         self._v1_root = _normpath(self.layout.v1_devices_root)
         self._v2_root = _normpath(self.layout.v2_root)
         self.ledger = Ledger(self.config.state_dir)
+        self.netdevs = Netdevs(self.host, self.config.state_dir, self.config.netdev_allow)
         self.inventory = self.load_inventory()
 
     def load_inventory(self) -> Inventory:
@@ -187,6 +195,7 @@ class Engine:
         share_with: str | None = None,
         with_rdma: bool = False,
         rdma: list[str] | None = None,
+        netdev: NetdevSpec | None = None,
     ) -> MountResult:
         """Mount `device_refs` into one container.
 
@@ -194,8 +203,13 @@ class Engine:
         containers); default the container alone. `share_with`: a group whose hold on
         the same physical devices this mount joins on purpose (hotmount/claims.py).
         `with_rdma`, `rdma`: RDMA devices that come and go with these GPUs
-        (hotmount/companions.py).
+        (hotmount/companions.py). `netdev`: an interface moved into the container's
+        network namespace with them (hotmount/netdevs.py).
         """
+        if netdev is not None:
+            options = {"force": force, "metadata": metadata, "group": group}
+            options |= {"share_with": share_with, "with_rdma": with_rdma, "rdma": rdma}
+            return self._mount_with_netdev(ref, device_refs, netdev, options)
         devices = self.inventory.resolve_all(device_refs)
         riders = companions.rdma_for(self.inventory, devices, with_rdma, rdma or ())
         devices += [device for device, _ in riders.values()]
@@ -365,11 +379,13 @@ class Engine:
                 return UnmountResult(container.as_dict(), [], missing, [], [])
             leaving = plan.nodes_to_remove(record, targets)
             stopped = self._check_use(container, record, targets, leaving, force)
+            staying = [k for k in record.devices if k not in targets]
+            returned = self.netdevs.leaving(container.key, staying)  # interfaces first
             record.pending = PendingOp(op="unmount", devices=targets, nodes=leaving)
             self.ledger.save(record)
             removed = self._apply_unmount(record, container)
             log.info("unmounted %s from %s", targets, container.key)
-            return UnmountResult(container.as_dict(), targets, missing, stopped, removed)
+            return UnmountResult(container.as_dict(), targets, missing, stopped, removed, returned)
 
     def _keys(self, record: ContainerRecord, refs: list[str] | None) -> list[str]:
         if refs is None:
@@ -541,7 +557,44 @@ class Engine:
                     report.errors[record.key] = exc.message
                     log.warning("reconcile %s: %s", record.key, exc.message)
         self._sweep_claims()
+        report.netdevs = self.netdevs.reconcile(self.ledger.lock)
         return report
+
+    def _mount_with_netdev(
+        self,
+        ref: str | ContainerRef | Container,
+        device_refs: list[str],
+        spec: NetdevSpec,
+        options: dict[str, Any],
+    ) -> MountResult:
+        """Checks first, then the devices (with their own rollback), then the interface;
+        a failed move unmounts what this call mounted."""
+        devices = self.inventory.resolve_all(device_refs)
+        riders = companions.rdma_for(
+            self.inventory, devices, options["with_rdma"], options["rdma"] or ()
+        )
+        name = spec.name or self.netdevs.choose(
+            n for device, _ in riders.values() for n in device.netdevs
+        )
+        self.netdevs.check(spec, name)
+        container = ref if isinstance(ref, Container) else self.resolve(ref)
+        result = self.mount(container, device_refs, **options)
+        try:
+            container, alive = self._enter(container)
+            with alive, self.ledger.lock(container.key):
+                keys = [*(d.key for d in devices), *riders]
+                self.netdevs.attach(
+                    container.key, container.init_pid, alive.start_time, spec, name, keys
+                )
+        except BaseException:
+            if result.mounted:
+                try:
+                    self.unmount(container, [m.key for m in result.mounted])
+                except HotmountError as exc:
+                    log.warning("rollback after the interface move failed: %s", exc.message)
+            raise
+        result.netdevs = [name]
+        return result
 
     def _sweep_claims(self) -> None:
         """Drop claims no record stands behind; rewrite unreadable ones from the record.

@@ -1,0 +1,135 @@
+"""Netlink through pyroute2: read interfaces, move one between network namespaces, set it up.
+
+The only module that talks RTNL. A container's namespace is opened from its init's
+`/proc/<pid>/ns/net` (through the host root) as a file descriptor; pyroute2 opens
+its netlink socket inside that namespace, and a move names the target namespace
+by fd (IFLA_NET_NS_FD) together with the new name (IFLA_IFNAME), so the kernel
+moves and renames in one step: no moment with a clashing name on either side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from hotmount.errors import KernelError
+from hotmount.netdev_plan import LinkInfo
+
+
+class NetlinkFailed(KernelError):
+    reason = "NetlinkError"
+
+
+@contextlib.contextmanager
+def rtnl(netns_fd: int | None = None) -> Iterator[IPRoute]:
+    """RTNL in this process's namespace, or in the one `netns_fd` names."""
+    try:
+        ipr = IPRoute() if netns_fd is None else IPRoute(netns=netns_fd, flags=0)
+    except (OSError, NetlinkError) as exc:
+        raise NetlinkFailed(f"opening netlink: {exc}") from exc
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
+@contextlib.contextmanager
+def failing_as(what: str) -> Iterator[None]:
+    try:
+        yield
+    except NetlinkError as exc:
+        raise NetlinkFailed(f"{what}: {os.strerror(exc.code)}") from exc
+
+
+def _attr(msg: Any, name: str) -> Any:
+    return msg.get_attr(name)
+
+
+def links(ipr: IPRoute) -> list[LinkInfo]:
+    out = []
+    with failing_as("listing interfaces"):
+        for msg in ipr.get_links():
+            info = _attr(msg, "IFLA_LINKINFO")
+            out.append(
+                LinkInfo(
+                    index=msg["index"],
+                    name=_attr(msg, "IFLA_IFNAME"),
+                    mac=_attr(msg, "IFLA_ADDRESS"),
+                    mtu=_attr(msg, "IFLA_MTU") or 0,
+                    up=bool(msg["flags"] & 1),  # IFF_UP
+                    master=_attr(msg, "IFLA_MASTER"),
+                    link=_attr(msg, "IFLA_LINK"),
+                    kind=info.get_attr("IFLA_INFO_KIND") if info is not None else None,
+                )
+            )
+    return out
+
+
+def default_route_oifs(ipr: IPRoute) -> set[int]:
+    """Interfaces the node's own traffic leaves by: those of a default route, or of any
+    route through a gateway (IPv4 or IPv6, every table, multipath hops included)."""
+    out: set[int] = set()
+    with failing_as("listing routes"):
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for route in ipr.get_routes(family=family):  # every table (no filter)
+                if route["dst_len"] != 0 and _attr(route, "RTA_GATEWAY") is None:
+                    continue
+                oif = _attr(route, "RTA_OIF")
+                if oif is not None:
+                    out.add(oif)
+                for hop in _attr(route, "RTA_MULTIPATH") or []:
+                    out.add(hop["oif"])
+    return out
+
+
+def addresses(ipr: IPRoute, index: int) -> list[str]:
+    """Global addresses with their prefix (link-local ones come back by themselves)."""
+    out = []
+    with failing_as("listing addresses"):
+        for msg in ipr.get_addr(index=index):
+            address = _attr(msg, "IFA_ADDRESS")
+            iface = ipaddress.ip_interface(f"{address}/{msg['prefixlen']}")
+            if not iface.ip.is_link_local:
+                out.append(str(iface))
+    return out
+
+
+def move(ipr: IPRoute, index: int, target_fd: int, new_name: str) -> None:
+    """Take the interface down and move it into the namespace `target_fd`, as `new_name`."""
+    with failing_as(f"moving interface {index} to another network namespace as {new_name}"):
+        ipr.link("set", index=index, state="down")
+        ipr.link("set", index=index, net_ns_fd=target_fd, ifname=new_name)
+
+
+def configure(
+    ipr: IPRoute,
+    name: str,
+    *,
+    rename: str | None = None,
+    mtu: int | None = None,
+    add: tuple[str, ...] | list[str] = (),
+    up: bool | None = None,
+) -> None:
+    """Rename, MTU, addresses, then the state, in the namespace `ipr` works in."""
+    with failing_as(f"configuring interface {name}"):
+        found = ipr.link_lookup(ifname=name)
+        if not found:
+            raise NetlinkFailed(f"interface {name} is not there")
+        index = found[0]
+        if rename is not None:
+            ipr.link("set", index=index, state="down")
+            ipr.link("set", index=index, ifname=rename)
+        if mtu is not None:
+            ipr.link("set", index=index, mtu=mtu)
+        for text in add:
+            iface = ipaddress.ip_interface(text)
+            ipr.addr("add", index=index, address=str(iface.ip), prefixlen=iface.network.prefixlen)
+        if up is not None:
+            ipr.link("set", index=index, state="up" if up else "down")

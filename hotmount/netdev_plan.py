@@ -1,0 +1,198 @@
+"""Network interfaces moved into a container: what may move, and what reconcile does. Pure.
+
+An interface moved out of the host's network namespace is gone from the node:
+move the default-route interface and the node is off the network. So the agent
+moves only what its operator allowed (`--netdev-allow`, names or globs; empty:
+the feature is off), and never a *primary* interface: one a default route (or
+any route through a gateway) leaves by, what it sits on (a VLAN's or macvlan's
+parent, followed down), and what is enslaved to it (a bridge's or bond's
+members). `lo` never moves.
+
+The move is recorded with intent before it happens (`phase`), so that after a
+crash reconcile finds where the interface is and finishes the job:
+
+| phase     | found in the container | found on the host (by MAC) | found nowhere |
+|-----------|------------------------|----------------------------|---------------|
+| attaching | move it back (rollback)| restore name and state     | forget it     |
+| attached  | keep (container alive) | restore name and state     | forget it     |
+| detaching | move it back (forward) | restore name and state     | forget it     |
+
+When the container's network namespace dies the kernel destroys a virtual
+interface (veth, macvlan) and returns a physical one (a NIC, an SR-IOV VF) to
+the host under whatever name is free: hence "found on the host by MAC".
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from hotmount.errors import Conflict, InvalidRequest
+
+DEFAULT_INSIDE_NAME = "net1"
+_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")  # IFNAMSIZ 16 with its NUL; no '/', ':'
+
+
+class NetdevRefused(InvalidRequest):
+    """The interface may not move: not allowed, primary, or the feature is off."""
+
+    reason = "NetdevRefused"
+
+
+class NetdevConflict(Conflict):
+    reason = "NetdevConflict"
+
+
+def check_name(name: str, what: str = "interface name") -> str:
+    if not _IFNAME.match(name) or name in (".", ".."):
+        raise InvalidRequest(f"{what} {name!r} is not an interface name (1-15 of A-Za-z0-9_.-)")
+    return name
+
+
+@dataclass(frozen=True)
+class LinkInfo:
+    """One interface as the kernel shows it (RTM_NEWLINK)."""
+
+    index: int
+    name: str
+    mac: str | None = None
+    mtu: int = 1500
+    up: bool = False
+    master: int | None = None  # IFLA_MASTER: the bridge/bond it is enslaved to
+    link: int | None = None  # IFLA_LINK: what it sits on (VLAN, macvlan parent; a veth's peer)
+    kind: str | None = None  # IFLA_INFO_KIND: veth, macvlan, ... (None: a physical device)
+
+
+def primary_interfaces(links: Iterable[LinkInfo], default_oifs: Iterable[int]) -> set[str]:
+    """The node's own interfaces: default-route ones, what they sit on, their members."""
+    links = list(links)
+    by_index = {link.index: link for link in links}
+    primary: set[int] = set()
+    todo = [i for i in default_oifs if i in by_index]
+    while todo:
+        index = todo.pop()
+        if index in primary:
+            continue
+        primary.add(index)
+        lower = by_index[index].link
+        # A veth's `link` is its peer, not what it sits on: it does not carry the route.
+        if lower is not None and lower in by_index and by_index[index].kind != "veth":
+            todo.append(lower)
+        todo += [m.index for m in links if m.master == index]
+    return {by_index[i].name for i in primary} | {"lo"}
+
+
+def check_allowed(name: str, allow: Iterable[str], primary: set[str]) -> None:
+    """Refuse, with the reason, an interface the agent must not move."""
+    allow = list(allow)
+    check_name(name)
+    if not allow:
+        raise NetdevRefused(
+            "moving network interfaces is off on this node (the agent has no --netdev-allow)"
+        )
+    if name in primary:
+        raise NetdevRefused(
+            f"interface {name} is one of the node's primary interfaces (default route, or "
+            "under or over one); it is never moved"
+        )
+    if not any(fnmatch.fnmatchcase(name, pattern) for pattern in allow):
+        raise NetdevRefused(
+            f"interface {name} is not in this node's allow-list (--netdev-allow {' '.join(allow)})"
+        )
+
+
+def check_addresses(addresses: Iterable[str]) -> list[str]:
+    out = []
+    for text in addresses:
+        try:
+            iface = ipaddress.ip_interface(text)
+        except ValueError as exc:
+            raise InvalidRequest(f"address {text!r} is not an address with a prefix") from exc
+        if "/" not in text:
+            raise InvalidRequest(f"address {text!r} needs a prefix length (10.0.0.2/24)")
+        out.append(str(iface))
+    return out
+
+
+class NetdevSpec(BaseModel):
+    """What a mount asks for: `name` on the host (None: the RDMA NIC's own interface)."""
+
+    name: str | None = None
+    inside: str = DEFAULT_INSIDE_NAME
+    mtu: int | None = Field(default=None, ge=68, le=65535)
+    addresses: list[str] = Field(default_factory=list)
+
+
+class NetdevRecord(BaseModel):
+    """One interface in one container, as the ledger keeps it (hotmount/netdevs.py)."""
+
+    container: str
+    init_pid: int
+    init_start_time: int
+    phase: Literal["attaching", "attached", "detaching"]
+    host_name: str  # its name before the move, and after
+    inside: str
+    mac: str | None
+    mtu: int  # before the move
+    up: bool  # before the move
+    addresses: list[str] = Field(default_factory=list)  # before the move (the move drops them)
+    with_devices: list[str] = Field(default_factory=list)  # it leaves with the last of these
+
+
+class Action(StrEnum):
+    KEEP = "keep"
+    MOVE_BACK = "move-back"  # from the container to the host, then restore
+    RESTORE = "restore"  # on the host already: name, MTU, state, addresses
+    FORGET = "forget"  # gone: destroyed with the namespace
+
+
+def find(links: Iterable[LinkInfo], record: NetdevRecord, name: str) -> LinkInfo | None:
+    """The record's interface among `links`: by MAC where it has one, else by `name`."""
+    links = list(links)
+    if record.mac:
+        found = [link for link in links if link.mac == record.mac]
+        named = [link for link in found if link.name == name]
+        return (named or found or [None])[0]
+    return next((link for link in links if link.name == name), None)
+
+
+def decide(
+    record: NetdevRecord, alive: bool, in_container: LinkInfo | None, on_host: LinkInfo | None
+) -> Action:
+    """What reconcile does with one record (see the module's table)."""
+    if alive and in_container is not None:
+        return Action.KEEP if record.phase == "attached" else Action.MOVE_BACK
+    if on_host is not None:
+        return Action.RESTORE
+    return Action.FORGET
+
+
+@dataclass(frozen=True)
+class Restore:
+    """The steps that give a returned interface back its name and state, in order."""
+
+    rename: str | None
+    mtu: int | None
+    up: bool
+    addresses: tuple[str, ...]
+
+
+def restore_plan(record: NetdevRecord, now: LinkInfo, taken: set[str]) -> Restore:
+    """From how it is now to how it was; its old name must be free (else a conflict)."""
+    rename = None
+    if now.name != record.host_name:
+        if record.host_name in taken:
+            raise NetdevConflict(
+                f"interface {now.name} (was {record.host_name}) came back, but another "
+                f"interface is named {record.host_name} now"
+            )
+        rename = record.host_name
+    mtu = record.mtu if now.mtu != record.mtu else None
+    return Restore(rename, mtu, record.up, tuple(record.addresses))

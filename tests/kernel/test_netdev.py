@@ -1,0 +1,250 @@
+"""Network interfaces moved into real runc containers' network namespaces (pyroute2).
+
+Real veth ends and macvlan children on this host; each test makes its own with a
+random prefix and deletes whatever is left. runc gives each container its own
+network namespace (`runc spec`'s default), which is where the interface goes.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hotmount.engine import Engine, EngineConfig
+from hotmount.errors import ContainerNotFound, InvalidRequest
+from hotmount.netdev_plan import NetdevRecord, NetdevRefused, NetdevSpec
+from hotmount.netdevs import NetdevNotFound
+from tests.kernel.conftest import GPU0
+from tests.support.runc import RuncContainer
+
+
+def ip(*args: str, pid: int | None = None) -> subprocess.CompletedProcess[str]:
+    enter = ["nsenter", "-t", str(pid), "-n"] if pid else []
+    return subprocess.run([*enter, "ip", *args], capture_output=True, text=True, check=False)
+
+
+def link(name: str, pid: int | None = None) -> dict[str, object] | None:
+    shown = ip("-j", "addr", "show", "dev", name, pid=pid)
+    return json.loads(shown.stdout)[0] if shown.returncode == 0 else None
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    tag = f"hm{secrets.token_hex(3)}"
+    yield tag
+    for suffix in ("a", "b", "m"):
+        ip("link", "del", f"{tag}{suffix}")
+
+
+@pytest.fixture
+def veth(prefix: str) -> tuple[str, str]:
+    a, b = f"{prefix}a", f"{prefix}b"
+    subprocess.run(["ip", "link", "add", a, "type", "veth", "peer", "name", b], check=True)
+    return a, b
+
+
+def make_engine(cdi_dir: Path, state_dir: Path, allow: tuple[str, ...]) -> Engine:
+    config = EngineConfig(
+        cdi_dirs=(str(cdi_dir),), state_dir=state_dir, use_nvml=False, netdev_allow=allow
+    )
+    return Engine(config)
+
+
+@pytest.fixture
+def engine(cdi_dir: Path, state_dir: Path, prefix: str) -> Engine:
+    return make_engine(cdi_dir, state_dir, (f"{prefix}*",))
+
+
+@pytest.fixture
+def box(make_container) -> RuncContainer:
+    return make_container("v1")
+
+
+def test_a_veth_end_moves_in_renamed_with_mtu_and_addresses_and_back_on_unmount(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    a, _ = veth
+    before = link(a)
+    assert before is not None and before["mtu"] == 1500
+
+    spec = NetdevSpec(name=a, mtu=1400, addresses=["10.77.0.2/24", "fd77::2/64"])
+    result = engine.mount(box.id, [GPU0], netdev=spec)
+
+    assert result.netdevs == [a] and [d.key for d in result.mounted] == [GPU0]
+    assert link(a) is None  # gone from the host
+    inside = link("net1", pid=box.pid)
+    assert inside is not None and inside["mtu"] == 1400 and "UP" in inside["flags"]
+    addresses = {f"{x['local']}/{x['prefixlen']}" for x in inside["addr_info"]}
+    assert {"10.77.0.2/24", "fd77::2/64"} <= addresses
+    assert box.open_result("/dev/nvidia0") == "ENXIO"
+
+    done = engine.unmount(box.id, [GPU0])
+
+    assert done.netdevs == [a]
+    back = link(a)
+    assert back is not None and back["mtu"] == 1500 and back["address"] == before["address"]
+    assert "UP" not in back["flags"]  # as it was: down
+    assert link("net1", pid=box.pid) is None
+    assert engine.netdevs.records() == []
+
+
+def test_a_macvlan_child_moves_in_and_comes_back_with_its_state(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str], prefix: str
+) -> None:
+    parent, _ = veth
+    child = f"{prefix}m"
+    subprocess.run(
+        ["ip", "link", "add", "link", parent, "name", child, "type", "macvlan", "mode", "bridge"],
+        check=True,
+    )
+    ip("link", "set", child, "mtu", "1300")
+    ip("addr", "add", "10.78.0.1/24", "dev", child)
+    ip("link", "set", child, "up")
+
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=child, inside="rdma0"))
+
+    inside = link("rdma0", pid=box.pid)
+    assert inside is not None and inside["mtu"] == 1300 and "UP" in inside["flags"]
+    engine.unmount(box.id)
+
+    back = link(child)
+    assert back is not None and back["mtu"] == 1300 and "UP" in back["flags"]
+    assert [
+        f"{x['local']}/{x['prefixlen']}" for x in back["addr_info"] if x["family"] == "inet"
+    ] == ["10.78.0.1/24"]
+
+
+def test_a_killed_container_destroys_the_veth_and_reconcile_forgets_it(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    a, b = veth
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
+    assert len(engine.netdevs.records()) == 1
+
+    box.stop()  # the namespace dies with it: the kernel destroys the veth (and its peer)
+
+    assert link(a) is None and link(b) is None
+    report = engine.reconcile()
+    assert report.netdevs == [f"{a}: forget"]
+    assert engine.netdevs.records() == []
+
+
+def test_an_interface_the_kernel_returns_gets_its_name_and_state_back(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    """What the kernel does with a physical NIC when the namespace dies (it returns it to
+    the host under the name it had inside), done by hand to a veth: reconcile restores."""
+    a, _ = veth
+    ip("link", "set", a, "mtu", "1450")
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a, mtu=9000))
+    assert ip("link", "set", "net1", "netns", "1", pid=box.pid).returncode == 0
+    box.stop()
+    assert link("net1") is not None and link(a) is None
+
+    report = engine.reconcile()
+
+    assert report.netdevs == [f"{a}: restore"]
+    back = link(a)
+    assert back is not None and back["mtu"] == 1450 and link("net1") is None
+    assert engine.netdevs.records() == []
+
+
+def test_a_crash_mid_attach_is_rolled_back_by_reconcile(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    """The intent was written, the interface moved, then the agent died."""
+    a, _ = veth
+    shown = link(a)
+    assert shown is not None
+    engine.netdevs._save(
+        NetdevRecord(
+            container=box.id,
+            init_pid=box.pid,
+            init_start_time=int(
+                Path(f"/proc/{box.pid}/stat").read_text().split(")")[1].split()[19]
+            ),
+            phase="attaching",
+            host_name=a,
+            inside="net1",
+            mac=str(shown["address"]),
+            mtu=1500,
+            up=False,
+        )
+    )
+    ip("link", "set", a, "netns", str(box.pid), "name", "net1")
+    assert link("net1", pid=box.pid) is not None
+
+    report = engine.reconcile()
+
+    assert report.netdevs == [f"{a}: move-back"]
+    assert link(a) is not None and link("net1", pid=box.pid) is None
+    assert engine.netdevs.records() == []
+
+
+def default_route_interface() -> str | None:
+    routes = json.loads(ip("-j", "route", "show", "default").stdout or "[]")
+    return routes[0]["dev"] if routes else None
+
+
+@pytest.mark.parametrize(
+    ("allow", "name", "error", "words"),
+    [
+        (("*",), "primary", NetdevRefused, "primary"),
+        (("*",), "lo", NetdevRefused, "primary"),
+        (("other*",), "veth", NetdevRefused, "allow-list"),
+        ((), "veth", NetdevRefused, "off on this node"),
+        (("*",), "nosuch0", NetdevNotFound, "not in the host's"),
+        (("*",), "a/b", InvalidRequest, "not an interface name"),
+    ],
+    ids=["default-route", "loopback", "not-allowed", "feature-off", "absent", "bad-name"],
+)
+def test_refused_interfaces_change_nothing(
+    cdi_dir: Path,
+    state_dir: Path,
+    box: RuncContainer,
+    veth: tuple[str, str],
+    allow: tuple[str, ...],
+    name: str,
+    error: type[Exception],
+    words: str,
+) -> None:
+    if name == "primary" and default_route_interface() is None:
+        pytest.skip("this host has no default route")
+    name = {"primary": default_route_interface(), "veth": veth[0]}.get(name, name)
+    engine = make_engine(cdi_dir, state_dir, allow)
+    # The check alone first: were it broken, the mount below would take the node's own
+    # interface off the network (it did once, before routes were read from every table).
+    with pytest.raises(error, match=words):
+        engine.netdevs.check(NetdevSpec(), name)
+
+    with pytest.raises(error, match=words):
+        engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=name))
+
+    assert "nvidia0" not in box.ls_dev() and engine.ledger.records() == []
+    assert engine.netdevs.records() == []
+    if name != "nosuch0" and "/" not in name:
+        assert link(name) is not None  # still on the host
+
+
+def test_the_inside_name_must_be_free(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    with pytest.raises(Exception, match="already has an lo"):
+        engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=veth[0], inside="lo"))
+    # The devices this call mounted are rolled back with it; the veth never moved.
+    assert "nvidia0" not in box.ls_dev() and engine.ledger.records() == []
+    assert link(veth[0]) is not None
+
+
+def test_a_gone_container_is_refused(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    box.stop()
+    with pytest.raises(ContainerNotFound):
+        engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=veth[0]))
+    assert link(veth[0]) is not None
