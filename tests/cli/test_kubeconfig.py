@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
 import yaml
 
+from cli.client import HotmountClient
 from cli.kubeconfig import KubeconfigError, context_namespace, load, resolve_path
+from tests.cli.conftest import Cluster
 
 
 def write(path: Path, current: str = "dev", contexts: dict[str, str | None] | None = None) -> Path:
@@ -83,3 +86,145 @@ def test_load_resolves_server_and_token(tmp_path: Path) -> None:
     from cli.kubeconfig import authorization
 
     assert authorization(kube.configuration) == "Bearer t0ken"
+
+
+# -- static kubeconfigs are read without the official client, and read as it reads them ---
+
+PEM_CA = "-----BEGIN CERTIFICATE-----\nca\n-----END CERTIFICATE-----\n"
+
+
+def _b64(text: str) -> str:
+    return base64.standard_b64encode(text.encode()).decode()
+
+
+def _variants(tmp_path: Path) -> dict[str, tuple[dict, dict]]:
+    """name -> (cluster, user): what static kubeconfigs hold, files relative to theirs."""
+    (tmp_path / "pki").mkdir()
+    for name in ("ca.crt", "client.crt", "client.key"):
+        (tmp_path / "pki" / name).write_text(f"-----BEGIN X-----\n{name}\n-----END X-----\n")
+    (tmp_path / "pki" / "token").write_text("from-a-file\n")
+    https = "https://10.0.0.1:6443/"
+    return {
+        "token": ({"server": https}, {"token": "t0ken"}),
+        "token file, relative": ({"server": https}, {"tokenFile": "pki/token"}),
+        "basic auth": ({"server": https}, {"username": "ann", "password": "s3:cret"}),
+        "certificate files, relative": (
+            {"server": https, "certificate-authority": "pki/ca.crt"},
+            {"client-certificate": "pki/client.crt", "client-key": "pki/client.key"},
+        ),
+        "inline data": (
+            {"server": https, "certificate-authority-data": _b64(PEM_CA)},
+            {"client-certificate-data": _b64("cert\n"), "client-key-data": _b64("key\n")},
+        ),
+        "data wins over file": (
+            {
+                "server": https,
+                "certificate-authority": "pki/ca.crt",
+                "certificate-authority-data": _b64(PEM_CA),
+            },
+            {"token": "t"},
+        ),
+        "insecure, SNI, proxy": (
+            {
+                "server": https,
+                "insecure-skip-tls-verify": True,
+                "tls-server-name": "kube.internal",
+                "proxy-url": "http://proxy:3128",
+            },
+            {},
+        ),
+        "plain http": ({"server": "http://127.0.0.1:8080"}, {"token": "t"}),
+    }
+
+
+def _kubeconfig(path: Path, cluster: dict, user: dict, name: str = "c") -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": name, "cluster": cluster}],
+                "users": [{"name": name, "user": user}],
+                "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+                "current-context": name,
+            }
+        )
+    )
+    return path
+
+
+def _pem(cfg: object, file_attr: str, data_attr: str) -> str | None:
+    """A certificate as text, from a file the loader names or data it holds."""
+    data = getattr(cfg, data_attr, None)
+    if data:
+        return data.decode() if isinstance(data, bytes) else data
+    path = getattr(cfg, file_attr)
+    return Path(path).read_text() if path else None
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "token",
+        "token file, relative",
+        "basic auth",
+        "certificate files, relative",
+        "inline data",
+        "data wins over file",
+        "insecure, SNI, proxy",
+        "plain http",
+    ],
+)
+def test_static_kubeconfig_reads_as_the_official_loader(tmp_path: Path, variant: str) -> None:
+    from cli.kubeconfig import StaticConfiguration, _plugin_configuration, authorization
+
+    cluster, user = _variants(tmp_path)[variant]
+    path = str(_kubeconfig(tmp_path / "config", cluster, user))
+    mine = load(path).configuration
+    assert isinstance(mine, StaticConfiguration)  # the official client was not needed
+    official = _plugin_configuration(path, "c")
+    for attr in ("host", "verify_ssl", "tls_server_name", "proxy"):
+        assert getattr(mine, attr) == getattr(official, attr, None), attr
+    # A token read from a file is stripped of its newline, as kubectl does.
+    expected = (authorization(official) or "").strip() or None
+    assert authorization(mine) == expected
+    assert _pem(mine, "ssl_ca_cert", "ca_data") == _pem(official, "ssl_ca_cert", "-")
+    assert _pem(mine, "cert_file", "cert_data") == _pem(official, "cert_file", "-")
+    assert _pem(mine, "key_file", "key_data") == _pem(official, "key_file", "-")
+
+
+def test_merged_list_first_file_wins_as_the_official_loader(tmp_path: Path) -> None:
+    """`KUBECONFIG=a:b`: a user, cluster or context named in both is a's."""
+    from cli.kubeconfig import _plugin_configuration, authorization
+
+    first = _kubeconfig(tmp_path / "a", {"server": "https://a:6443"}, {"token": "from-a"})
+    second = _kubeconfig(tmp_path / "b", {"server": "https://b:6443"}, {"token": "from-b"})
+    path = f"{first}:{second}"
+    mine, official = load(path).configuration, _plugin_configuration(path, "c")
+    assert (mine.host, authorization(mine)) == ("https://a:6443", "Bearer from-a")
+    assert (official.host, authorization(official)) == (mine.host, authorization(mine))
+
+
+def test_a_missing_certificate_file_is_a_kubeconfig_error(tmp_path: Path) -> None:
+    cluster = {"server": "https://10.0.0.1:6443", "certificate-authority": "nope.crt"}
+    path = str(_kubeconfig(tmp_path / "config", cluster, {"token": "t"}))
+    with pytest.raises(KubeconfigError, match=r"cannot use context 'c' .*nope\.crt"):
+        load(path)
+
+
+def test_inline_credentials_reach_a_tls_api_server(cluster: Cluster) -> None:
+    """certificate-authority-data and client-certificate-data/-key-data, used for real:
+    the fake API server verifies the client certificate and maps it to dave."""
+    dave = cluster.ca.issue_client("dave", groups=["ml-team"])
+    config = cluster.kubeconfig("inline", namespace="ml", cert=dave)
+    data = yaml.safe_load(config.read_text())
+    ca = Path(data["clusters"][0]["cluster"].pop("certificate-authority"))
+    data["clusters"][0]["cluster"]["certificate-authority-data"] = _b64(ca.read_text())
+    user = data["users"][0]["user"]
+    user["client-certificate-data"] = _b64(Path(user.pop("client-certificate")).read_text())
+    user["client-key-data"] = _b64(Path(user.pop("client-key")).read_text())
+    config.write_text(yaml.safe_dump(data))
+    with HotmountClient.from_kubeconfig(str(config)) as hm:
+        assert hm.status("ml", "nb-0").containers[0].container == "main"
+    (req,) = cluster.agent.received
+    assert req.header("x-remote-user") == "dave"

@@ -1,0 +1,200 @@
+"""nvcli's wall time, which is mostly interpreter start and imports, against Python's own
+start and against kubectl on the same API server path.
+
+    sudo .venv/bin/python -m bench.cli_bench [--iterations 30] [--before REV]
+    sudo flock /tmp/k8s-tier.lock .venv/bin/python -m bench.cli_bench --kubectl  # optional
+
+Starts, on this machine, a real `hotmount-agent` process for a runc pod `nb` behind the
+fake API server's front proxy (tests/agent/conftest.py's Cluster), mounts one stand-in
+GPU into it, then times each command as a new process, N times, and prints p50/p99:
+
+- `python -c pass` (the floor: the same interpreter, the same venv);
+- `nvcli --help`, `nvcli version`;
+- `nvcli status --name nb --agent URL` (straight to the agent);
+- `nvcli status --name nb` through the API server (the aggregated path, a kubeconfig);
+- `kubectl get --raw` of that same aggregated path, with the same kubeconfig;
+
+then the ratios of each to `python -c pass`, and of nvcli's aggregated status to
+kubectl's. `--before REV` times the same commands again from the `cli/`, `agent/` and
+`hotmount/` of git revision REV (extracted with `git archive`), as "before" figures.
+`--kubectl` also times the real single-node Kubernetes tier (tests/k8s/node/cluster.py)
+if its kubeconfig is given in $HOTMOUNT_K8S_KUBECONFIG: `kubectl get --raw` of a
+gpumount against `nvcli status`, through the real aggregated API.
+
+Notes (2 cores, shared; `uptime` load 1.5-2.5, indicative only), before this work
+(ee6062f): `python -c pass` 45 ms, `nvcli --help` 560-800 ms, `nvcli version`
+710-790 ms: `import cli.main` alone 0.40 s (httpx with its own command line and rich,
+pydantic and every agent model, importlib.metadata), and the kubernetes package on
+every kubeconfig call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.stats import percentile, summary, timed
+
+REPO = Path(__file__).resolve().parents[1]
+POD = "nb"
+GPU = "nvidia.com/gpu=1"
+
+
+def run_n(
+    command: list[str], iterations: int, env: dict[str, str], cwd: Path = REPO
+) -> list[float]:
+    """Wall time of `command` as a new process; one untimed run first (page cache)."""
+
+    def once() -> None:
+        done = subprocess.run(command, capture_output=True, env=env, check=False, cwd=cwd)
+        if done.returncode != 0:
+            raise RuntimeError(f"{command}: exit {done.returncode}: {done.stderr.decode()}")
+
+    once()
+    return [timed(once) for _ in range(iterations)]
+
+
+def commands(
+    python: str, agent_url: str, token: str, config: Path, agent_ca: Path
+) -> dict[str, list[str]]:
+    nvcli = [python, "-m", "cli.main"]
+    path = f"/apis/hotmount.io/v1alpha1/namespaces/default/gpumounts/{POD}"
+    found = {
+        "python -c pass": [python, "-c", "pass"],
+        "nvcli --help": [*nvcli, "--help"],
+        "nvcli version": [*nvcli, "version"],
+        "nvcli status --agent (direct)": [
+            *nvcli, "status", "--name", POD, "-n", "default", "--agent", agent_url,
+            "--token", token, "--certificate-authority", str(agent_ca),
+        ],
+        "nvcli status (aggregated, kubeconfig)": [
+            *nvcli, "status", "--name", POD, "--kubeconfig", str(config),
+        ],
+    }  # fmt: skip
+    if shutil.which("kubectl"):
+        found["kubectl get --raw (the same path)"] = [
+            "kubectl", "--kubeconfig", str(config), "get", "--raw", path,
+        ]  # fmt: skip
+    return found
+
+
+def report(title: str, samples: dict[str, list[float]]) -> None:
+    print(f"\n{title}")
+    for name, values in samples.items():
+        print(summary(name, values))
+    floor = percentile(samples["python -c pass"], 50)
+    for name, values in samples.items():
+        if name != "python -c pass":
+            ratio = percentile(values, 50) / floor
+            print(f"{f'ratio {name} / python -c pass (p50)':<44} {ratio:8.1f}x")
+    kubectl = samples.get("kubectl get --raw (the same path)")
+    if kubectl:
+        ratio = percentile(samples["nvcli status (aggregated, kubeconfig)"], 50) / percentile(
+            kubectl, 50
+        )
+        print(f"{'ratio nvcli status / kubectl get --raw (p50)':<44} {ratio:8.1f}x")
+
+
+def extract(rev: str, into: Path) -> Path:
+    """`cli/`, `agent/` and `hotmount/` as they were at `rev`, importable ahead of the tree."""
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev, "cli", "agent", "hotmount"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def bench_fake_cluster(args: argparse.Namespace) -> None:
+    import functools
+
+    from tests.agent import conftest
+    from tests.agent.conftest import ALICE, Cluster
+    from tests.fakes.kube_apiserver import FakeKubeApiServer
+    from tests.support.fixtures import STAND_IN_SPEC
+    from tests.support.runc import make_rootfs, missing_requirements
+
+    if why := missing_requirements():
+        sys.exit(f"cli_bench: {why}")
+    work = Path(tempfile.mkdtemp(prefix="nvcli-bench-"))
+    # The tests' cluster, its API server on TLS: kubectl sends no token over plain HTTP.
+    conftest.FakeKubeApiServer = functools.partial(  # type: ignore[misc]
+        FakeKubeApiServer.with_tls, work / "pki"
+    )
+    (work / "cdi").mkdir()
+    (work / "cdi" / "stand-in.yaml").write_text(STAND_IN_SPEC)
+    cluster = Cluster(work, make_rootfs(work), work / "cdi")
+    try:
+        cluster.pod(POD)
+        aggregated = cluster.aggregated_agent()
+        config = cluster.kube.write_kubeconfig(work / "alice.kubeconfig", token=ALICE)
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        env.pop("KUBECONFIG", None)
+        python = sys.executable
+        mount = [python, "-m", "cli.main", "mount", "--name", POD, "--mount", GPU,
+                 "--kubeconfig", str(config)]  # fmt: skip
+        subprocess.run(mount, env=env, check=True, capture_output=True, cwd=REPO)
+        found = commands(python, aggregated.agent.url, ALICE, config, aggregated.serving.ca)
+        uptime = subprocess.run(
+            ["uptime"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        print(f"{args.iterations} runs each; {uptime}")
+        if args.before:
+            # `python -m` puts the working directory first on sys.path: the old tree's.
+            old = extract(args.before, work / "before")
+            report(
+                f"before: cli/ of {args.before}",
+                {n: run_n(c, args.iterations, env, cwd=old) for n, c in found.items()},
+            )
+        report("now", {n: run_n(c, args.iterations, env) for n, c in found.items()})
+    finally:
+        cluster.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def bench_real_node(args: argparse.Namespace) -> None:
+    """The real-node tier: its API server, its aggregated APIService, a pod it runs."""
+    config = os.environ.get("HOTMOUNT_K8S_KUBECONFIG")
+    if not config:
+        sys.exit("cli_bench --kubectl: set HOTMOUNT_K8S_KUBECONFIG to the tier's kubeconfig")
+    namespace, pod = args.pod.split("/", 1) if "/" in args.pod else ("default", args.pod)
+    path = f"/apis/hotmount.io/v1alpha1/namespaces/{namespace}/gpumounts/{pod}"
+    env = {**os.environ, "KUBECONFIG": config}
+    python = sys.executable
+    samples = {
+        "python -c pass": run_n([python, "-c", "pass"], args.iterations, env),
+        "nvcli status (aggregated, kubeconfig)": run_n(
+            [python, "-m", "cli.main", "status", "--name", pod, "-n", namespace],
+            args.iterations,
+            env,
+        ),
+        "kubectl get --raw (the same path)": run_n(
+            ["kubectl", "get", "--raw", path], args.iterations, env
+        ),
+    }
+    report(f"real node, {path}", samples)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--before", metavar="REV", help="also time cli/ of this git revision")
+    parser.add_argument("--kubectl", action="store_true", help="the real-node tier instead")
+    parser.add_argument("--pod", default="default/gpu-pod", help="--kubectl: NAMESPACE/POD")
+    args = parser.parse_args()
+    if args.kubectl:
+        bench_real_node(args)
+    else:
+        bench_fake_cluster(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
