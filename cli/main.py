@@ -283,9 +283,11 @@ def parse_duration(text: str | None) -> float | None:
 
 
 def namespace_of(opts: Common) -> str:
-    from cli.kubeconfig import context_namespace
+    if opts.namespace:
+        return opts.namespace
+    from cli.kubeconfig import context_namespace  # reads the kubeconfig's YAML
 
-    return opts.namespace or context_namespace(opts.kubeconfig, opts.context)
+    return context_namespace(opts.kubeconfig, opts.context)
 
 
 def split_refs(values: list[str] | None) -> list[str]:

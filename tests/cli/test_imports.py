@@ -105,7 +105,8 @@ def test_status_direct_to_an_agent(stub: StubAgent) -> None:
     assert result["rc"] == 0, result
     assert result["out"].startswith("POD")
     assert loaded(result, NEVER) == []
-    assert "yaml" not in result["modules"]  # a table; no kubeconfig read
+    # A table, the namespace given: no kubeconfig to read.
+    assert loaded(result, ("yaml", "cli.kubeconfig")) == []
 
 
 def test_static_kubeconfigs_do_not_load_the_kubernetes_client(cluster: Cluster) -> None:
