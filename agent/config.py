@@ -50,6 +50,14 @@ class AgentSettings(BaseSettings):
         default=None,
         description="where /sys is read for RDMA devices and PCIe places (default: the host root)",
     )
+    netdev_allow: list[str] = Field(
+        default=[],
+        description=(
+            "network interfaces (names or globs, e.g. ens1f0v*) a mount may move into a pod; "
+            "never the node's primary ones (default: none, the feature is off)"
+        ),
+        json_schema_extra={"metavar": "NAME"},
+    )
     state_dir: Path = Field(default=DEFAULT_STATE_DIR, description="the ledger's directory")
     use_nvml: bool = Field(default=True, description="enumerate GPUs with NVML when it loads")
     stop_grace: float = Field(default=10.0, ge=0, description="seconds between SIGTERM and SIGKILL")

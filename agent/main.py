@@ -48,6 +48,7 @@ def engine_from(settings: AgentSettings) -> Engine:
             use_nvml=settings.use_nvml,
             stop_grace=settings.stop_grace,
             sys_root=settings.sys_root,
+            netdev_allow=tuple(settings.netdev_allow),
         )
     )
 

@@ -20,6 +20,7 @@ Every error is a `Status` with a `reason` a program can branch on.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -34,6 +35,7 @@ from pydantic.alias_generators import to_camel
 
 from agent.idle import format_duration, parse_duration
 from hotmount.devices.model import Device
+from hotmount.netdev_plan import DEFAULT_INSIDE_NAME, NetdevSpec
 
 DeviceRef = Annotated[
     str,
@@ -42,6 +44,14 @@ DeviceRef = Annotated[
 KubeName = Annotated[
     str,
     StringConstraints(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
+]
+IfName = Annotated[
+    str, StringConstraints(min_length=1, max_length=15, pattern=r"^[A-Za-z0-9_.-]+$")
+]
+IfAddress = Annotated[
+    str,
+    StringConstraints(max_length=64, pattern=r"^[0-9A-Fa-f:.]+/\d{1,3}$"),
+    AfterValidator(lambda v: str(ipaddress.ip_interface(v))),
 ]
 ContainerName = Annotated[
     str, StringConstraints(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -147,6 +157,21 @@ class DeviceList(Model):
     devices: list[DeviceInfo]
 
 
+class NetdevRequest(Request):
+    """A network interface to move into the container with the devices: `name` on the
+    host (absent: the RDMA NIC's own), renamed `inside`, with `mtu` and `addresses`."""
+
+    name: IfName | None = None
+    inside: IfName = DEFAULT_INSIDE_NAME
+    mtu: int | None = Field(default=None, ge=68, le=65535)
+    addresses: list[IfAddress] = Field(default_factory=list, max_length=16)
+
+    def spec(self) -> NetdevSpec:
+        return NetdevSpec(
+            name=self.name, inside=self.inside, mtu=self.mtu, addresses=list(self.addresses)
+        )
+
+
 class MountRequest(Request):
     """`container` (one name) or `containers` (several, or `["*"]` for all of the pod's):
     the same devices go into each, shared within the pod without force. `shareWith`
@@ -165,6 +190,9 @@ class MountRequest(Request):
     # RDMA devices that come and go with the named GPUs: each one's nearest NIC, or these.
     with_rdma: bool = False
     rdma: list[DeviceRef] | None = Field(default=None, min_length=1, max_length=16)
+    # A network interface moved into the container's network namespace with them.
+    with_netdev: bool = False
+    netdev: NetdevRequest | None = None
     idle_timeout: Duration | None = None
 
     @model_validator(mode="after")
@@ -181,11 +209,30 @@ class MountRequest(Request):
     def _rdma_with_devices(self) -> MountRequest:
         if (self.with_rdma or self.rdma) and self.devices is None:
             raise ValueError("withRdma and rdma come with named devices, not with count")
+        wanted = self.netdev_request()
+        if wanted is not None:
+            if self.devices is None:
+                raise ValueError("withNetdev and netdev come with named devices, not with count")
+            if self.containers is not None and (
+                len(self.containers) != 1 or self.containers == ["*"]
+            ):
+                raise ValueError("an interface moves into one container: name one")
+            if wanted.name is None and not (self.with_rdma or self.rdma):
+                raise ValueError(
+                    "withNetdev without netdev.name takes the RDMA NIC's own interface: "
+                    "add withRdma or rdma, or name the interface"
+                )
         return self
 
+    def netdev_request(self) -> NetdevRequest | None:
+        return self.netdev or (NetdevRequest() if self.with_netdev else None)
+
     def rdma_options(self) -> dict[str, Any]:
-        """The engine's keywords for the RDMA devices riding along (hotmount/companions.py)."""
-        return {"with_rdma": self.with_rdma, "rdma": self.rdma}
+        """The engine's keywords for what rides along: RDMA devices (hotmount/companions.py)
+        and a network interface (hotmount/netdevs.py)."""
+        wanted = self.netdev_request()
+        netdev = wanted.spec() if wanted is not None else None
+        return {"with_rdma": self.with_rdma, "rdma": self.rdma, "netdev": netdev}
 
     def container_names(self) -> list[str | None]:
         """The containers asked for; [None] is the pod's default, ["*"] all of them."""
@@ -227,6 +274,7 @@ class MountResult(Model):
     already_mounted: list[MountedDevice]
     holder_pod: str | None = None
     containers: list[ContainerMount] = Field(default_factory=list)
+    netdevs: list[str] = Field(default_factory=list)  # host interfaces moved into the pod
 
 
 class UnmountResult(Model):
@@ -238,6 +286,7 @@ class UnmountResult(Model):
     not_mounted: list[str]
     stopped_pids: list[int]
     holder_pods_deleted: list[str] = Field(default_factory=list)
+    netdevs: list[str] = Field(default_factory=list)  # host interfaces given back
 
 
 class ContainerDevices(Model):

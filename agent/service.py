@@ -494,6 +494,7 @@ class NodeService:
                 unmounted=result.unmounted,
                 not_mounted=result.not_mounted,
                 stopped_pids=result.stopped_pids,
+                netdevs=result.netdevs,
             )
             out.holder_pods_deleted = released
             if result.unmounted:
@@ -721,6 +722,7 @@ class NodeService:
             unmounted=done.unmounted,
             not_mounted=done.not_mounted,
             stopped_pids=done.stopped_pids,
+            netdevs=done.netdevs,
         )
 
     def container_devices(self, container_id: str) -> PodDevices:
@@ -1069,6 +1071,7 @@ def _mount_result(
         container_id=str(done.container.get("id") or ""),
         mounted=convert(done.mounted),
         already_mounted=convert(done.already_mounted),
+        netdevs=done.netdevs,
     )
 
 

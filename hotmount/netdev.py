@@ -1,8 +1,8 @@
 """Netlink through pyroute2: read interfaces, move one between network namespaces, set it up.
 
 The only module that talks RTNL. A container's namespace is opened from its init's
-`/proc/<pid>/ns/net` (through the host root) as a file descriptor; pyroute2 opens
-its netlink socket inside that namespace, and a move names the target namespace
+`/proc/<pid>/ns/net` (through the host root) as a file descriptor; a netlink socket
+is made inside that namespace (`socket_in`) for pyroute2, and a move names the target namespace
 by fd (IFLA_NET_NS_FD) together with the new name (IFLA_IFNAME), so the kernel
 moves and renames in one step: no moment with a clashing name on either side.
 """
@@ -10,9 +10,11 @@ moves and renames in one step: no moment with a clashing name on either side.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,13 +33,59 @@ class NetlinkFailed(KernelError):
 def rtnl(netns_fd: int | None = None) -> Iterator[IPRoute]:
     """RTNL in this process's namespace, or in the one `netns_fd` names."""
     try:
-        ipr = IPRoute() if netns_fd is None else IPRoute(netns=netns_fd, flags=0)
+        sock = None if netns_fd is None else socket_in(netns_fd)
+        ipr = IPRoute() if sock is None else IPRoute(use_socket=sock)
     except (OSError, NetlinkError) as exc:
         raise NetlinkFailed(f"opening netlink: {exc}") from exc
     try:
         yield ipr
     finally:
         ipr.close()
+        if sock is not None:
+            sock.close()
+
+
+def socket_in(netns_fd: int) -> socket.socket:
+    """A NETLINK_ROUTE socket that lives in the namespace `netns_fd` names.
+
+    A socket stays in the namespace it was made in, and setns(CLONE_NEWNET) moves only
+    the calling thread: so a short-lived thread enters, makes the socket, and ends.
+    (pyroute2's own `netns=` forks a child, which in the agent inherits uvicorn's signal
+    wake-up fd: the child's SIGTERM at its end read as the agent's own, and it stopped.)
+    """
+    made: list[socket.socket] = []
+    failed: list[OSError] = []
+
+    def enter_and_make() -> None:
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(netns_fd)
+            try:
+                made.append(socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_ROUTE))
+            finally:
+                _setns(own)  # the thread ends anyway; this keeps it tidy
+        except OSError as exc:
+            failed.append(exc)
+        finally:
+            os.close(own)
+
+    thread = threading.Thread(target=enter_and_make, name="netns-socket")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return made[0]
+
+
+_NETLINK_ROUTE = 0
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"setns(CLONE_NEWNET): {os.strerror(error)}")
 
 
 @contextlib.contextmanager
