@@ -133,6 +133,18 @@ class Authenticator:
         self._refused_lock = threading.Lock()
 
     def authenticate(self, caller: CallerContext) -> Identity:
+        return self._authenticate(caller, may_block=True)
+
+    def authenticate_without_io(self, caller: CallerContext) -> Identity | None:
+        """The identity when no API call is needed to know it (the unix socket, the static
+        token, a TokenReview still cached, a refusal), for the event loop; None when a
+        TokenReview must be asked: then call `authenticate` in a worker thread."""
+        try:
+            return self._authenticate(caller, may_block=False)
+        except _WouldBlock:
+            return None
+
+    def _authenticate(self, caller: CallerContext, may_block: bool) -> Identity:
         if caller.listener == "unix":
             if caller.peer_uid not in (0, os.geteuid()):
                 raise Unauthorized(
@@ -144,7 +156,7 @@ class Authenticator:
         authorization = caller.first("authorization") or ""
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() == "bearer" and token:
-            return self._bearer(token.strip(), caller)
+            return self._bearer(token.strip(), caller, may_block)
         if caller.first(ASSERT_USER):
             raise Unauthorized("identity assertions are accepted only from the agents")
         if self.settings.anonymous:
@@ -171,7 +183,7 @@ class Authenticator:
         }
         return Identity(UserInfo(user, groups, "", extra), "front-proxy")
 
-    def _bearer(self, token: str, caller: CallerContext) -> Identity:
+    def _bearer(self, token: str, caller: CallerContext, may_block: bool) -> Identity:
         if self._static_token is not None:
             if hmac.compare_digest(token.encode(), self._static_token):
                 return Identity(UserInfo("static-token", []), "static-token", True)
@@ -183,6 +195,8 @@ class Authenticator:
         if user is None:
             if self._was_refused(key):
                 raise Unauthorized("the bearer token is not valid for this audience")
+            if not may_block:
+                raise _WouldBlock
             user = self.kube.token_review(token, self.settings.token_audiences)
             if user is None:
                 self._refuse(key)
@@ -205,6 +219,10 @@ class Authenticator:
         if self._refused is not None:
             with self._refused_lock:
                 self._refused[key] = True
+
+
+class _WouldBlock(Exception):
+    """Knowing the caller needs a TokenReview: not on the event loop."""
 
 
 def assertion_headers(user: UserInfo) -> list[tuple[str, str]]:

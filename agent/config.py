@@ -115,12 +115,20 @@ class AgentSettings(BaseSettings):
         default=65536, ge=1024, description="largest request body; larger ones get 413"
     )
     max_mutating: int = Field(
-        default=8, ge=1, description="mounts, unmounts and moves served at once; more get 429"
+        default=8,
+        ge=1,
+        description="mounts, unmounts and moves at work at once; more wait in line",
+    )
+    mutating_wait: float = Field(
+        default=10.0,
+        ge=0,
+        description="seconds a mount, unmount or move waits in line for a slot; then 429",
     )
     max_requests: int = Field(
-        default=32,
+        default=64,
         ge=1,
-        description="API calls served at once (health and metrics apart); more get 429",
+        description="API calls in the agent at once, waiting or at work (health and "
+        "metrics apart); more get 429",
     )
 
     agent_namespace: str = Field(

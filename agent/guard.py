@@ -6,8 +6,10 @@ caller it does not know, and a busy agent still answers its probes:
 1. authenticate (401, whatever the body; the identity goes into the scope for the routes);
 2. cap the body: a Content-Length over `max_body` is 413 at once; a streamed (chunked)
    body is counted as it arrives and answered 413 as soon as it passes the cap;
-3. bound concurrency: at most `max_requests` API calls and `max_mutating` mutating ones
-   (anything but GET/HEAD/OPTIONS) at once; past either bound, 429 with Retry-After.
+3. bound concurrency: at most `max_requests` API calls in the agent at once, past which
+   429 with Retry-After; among them at most `max_mutating` mutating ones (anything but
+   GET/HEAD/OPTIONS) at work, the others waiting in line (first come, first served, no
+   worker thread held) up to `mutating_wait` seconds for a slot, then 429 as well.
 
 Probes, metrics and the OpenAPI document are public and skip all three: the kubelet's
 probes must answer however many workers are tied up in slow mounts.
@@ -19,6 +21,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
+import anyio
 import anyio.to_thread
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
@@ -28,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agent.auth import Authenticator
 from agent.deps import IDENTITY_KEY, caller_context
 from agent.errors import ApiError, BadRequest, TooLarge, TooManyRequests, status_of
+from agent.metrics import Metrics
 
 log = logging.getLogger("hotmount.agent")
 PUBLIC_PATHS = frozenset(
@@ -40,8 +44,9 @@ RETRY_AFTER_SECONDS = 1
 @dataclass(frozen=True)
 class Limits:
     max_body: int = 65536
-    max_requests: int = 32
+    max_requests: int = 64
     max_mutating: int = 8
+    mutating_wait: float = 10.0  # seconds a mutating call waits in line for a slot
 
 
 class _BodyTooLarge(HTTPException):
@@ -52,34 +57,76 @@ class _BodyTooLarge(HTTPException):
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, authenticator: Authenticator, limits: Limits) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        authenticator: Authenticator,
+        limits: Limits,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.app, self.authenticator, self.limits = app, authenticator, limits
-        self.requests = 0  # in flight; touched only on the event loop, so no lock
-        self.mutating = 0
+        self.requests = 0  # in the agent (waiting or at work); event loop only, so no lock
+        self.mutating = 0  # mutating calls at work
+        self.waiting = 0  # mutating calls in line for a slot
+        self._slots: anyio.Semaphore | None = None  # made on the loop, at the first call
+        if metrics is not None:
+            metrics.requests_in_agent.set_function(lambda: self.requests)
+            metrics.mutating_waiting.set_function(lambda: self.waiting)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
         try:
-            identity = await anyio.to_thread.run_sync(
-                self.authenticator.authenticate, caller_context(Request(scope))
-            )
+            caller = caller_context(Request(scope))
+            # On the loop when no API call is needed (a thread hop costs more than the
+            # check); a TokenReview goes to a worker thread.
+            identity = self.authenticator.authenticate_without_io(caller)
+            if identity is None:
+                identity = await anyio.to_thread.run_sync(self.authenticator.authenticate, caller)
             scope[IDENTITY_KEY] = identity
             scope.setdefault("state", {})["user"] = identity.name
             self._check_length(scope)
             mutating = scope["method"] not in SAFE_METHODS
-            self._check_slots(mutating)
+            self._check_requests()
         except ApiError as exc:
             await _answer(exc, scope, receive, send)
             return
         self.requests += 1
-        self.mutating += mutating
         try:
-            await self._bounded(scope, receive, send)
+            if not mutating:
+                await self._bounded(scope, receive, send)
+                return
+            if not await self._take_slot():
+                await _answer(self._too_many_mutating(), scope, receive, send)
+                return
+            self.mutating += 1
+            try:
+                await self._bounded(scope, receive, send)
+            finally:
+                self.mutating -= 1
+                assert self._slots is not None
+                self._slots.release()
         finally:
             self.requests -= 1
-            self.mutating -= mutating
+
+    async def _take_slot(self) -> bool:
+        """Wait in line for a mutating slot, up to `mutating_wait` seconds."""
+        if self._slots is None:
+            self._slots = anyio.Semaphore(self.limits.max_mutating, fast_acquire=True)
+        with contextlib.suppress(anyio.WouldBlock):
+            self._slots.acquire_nowait()
+            return True
+        if self.limits.mutating_wait <= 0:
+            return False
+        self.waiting += 1
+        try:
+            with anyio.move_on_after(self.limits.mutating_wait):
+                await self._slots.acquire()
+                return True
+            return False
+        finally:
+            self.waiting -= 1
 
     def _check_length(self, scope: Scope) -> None:
         for name, value in scope["headers"]:
@@ -91,18 +138,20 @@ class Guard:
                 if length > self.limits.max_body:
                     raise self._too_large()
 
-    def _check_slots(self, mutating: bool) -> None:
+    def _check_requests(self) -> None:
         if self.requests >= self.limits.max_requests:
             raise TooManyRequests(
                 f"the agent is serving {self.requests} calls, its limit; retry shortly",
                 RETRY_AFTER_SECONDS,
             )
-        if mutating and self.mutating >= self.limits.max_mutating:
-            raise TooManyRequests(
-                f"the agent is serving {self.mutating} mounts, unmounts or moves, its limit; "
-                "retry shortly",
-                RETRY_AFTER_SECONDS,
-            )
+
+    def _too_many_mutating(self) -> TooManyRequests:
+        waited = f" ({self.limits.mutating_wait:g} s in line)" if self.limits.mutating_wait else ""
+        return TooManyRequests(
+            f"the agent is serving {self.mutating} mounts, unmounts or moves, its limit, "
+            f"and no slot freed{waited}; retry shortly",
+            RETRY_AFTER_SECONDS,
+        )
 
     def _too_large(self) -> TooLarge:
         return TooLarge(f"the request body is over {self.limits.max_body} bytes")

@@ -128,8 +128,13 @@ def create_app(
     else:
         app.include_router(containers.router)
     _install_error_handlers(app)
-    limits = Limits(settings.max_body_bytes, settings.max_requests, settings.max_mutating)
-    app.add_middleware(Guard, authenticator=app.state.authenticator, limits=limits)
+    limits = Limits(
+        settings.max_body_bytes,
+        settings.max_requests,
+        settings.max_mutating,
+        settings.mutating_wait,
+    )
+    app.add_middleware(Guard, authenticator=app.state.authenticator, limits=limits, metrics=metrics)
     app.add_middleware(logs.RequestIdMiddleware)  # outermost: logs the guard's refusals too
     return app
 

@@ -86,6 +86,16 @@ class Metrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
         )
+        self.requests_in_agent = Gauge(
+            "hotmount_requests_in_agent",
+            "API calls in the agent now, waiting in line or at work (see --max-requests)",
+            registry=self.registry,
+        )
+        self.mutating_waiting = Gauge(
+            "hotmount_mutating_waiting",
+            "Mounts, unmounts and moves waiting in line for a slot (see --max-mutating)",
+            registry=self.registry,
+        )
         self.managed_containers = Gauge(
             "hotmount_managed_containers",
             "Containers with hot-mounted devices",

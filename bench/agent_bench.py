@@ -7,8 +7,11 @@ Prints, in one run, on real runc containers (cgroup v1) with stand-in devices:
   static-token auth), p50/p99, against the same pair through the engine in-process,
   and the difference (the HTTP overhead);
 - N clients, each mounting and unmounting its own device on its own container for
-  S seconds: operations, errors, and afterwards every grant, node and record checked
-  for leaks.
+  S seconds: pairs per second, p50/p99 per pair and per request, errors, and afterwards
+  every grant, node and record checked for leaks. A client answered 429 waits the
+  Retry-After and asks again, as a well-behaved client does (counted, not an error);
+- the same N clients as threads calling the engine in-process for S seconds, so the
+  HTTP share of the load figures is visible.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
 from bench.stats import percentile, summary, timed
 from hotmount.engine import Engine, EngineConfig
+from hotmount.errors import HotmountError
 from tests.support.agent import free_port
 from tests.support.runc import RuncContainer, make_rootfs, missing_requirements
 
@@ -102,13 +107,39 @@ def engine_pairs(engine: Engine, container: RuncContainer, device: str, n: int) 
     return [timed(pair) for _ in range(n)]
 
 
-def load(
-    url: str, containers: list[RuncContainer], seconds: float
-) -> tuple[Counter[str], list[float]]:
-    outcomes: Counter[str] = Counter()
-    latencies: list[float] = []
-    lock = threading.Lock()
+class Load:
+    """What N clients saw: outcomes per pair, latency per pair and per request."""
+
+    def __init__(self) -> None:
+        self.outcomes: Counter[str] = Counter()
+        self.pairs: list[float] = []
+        self.requests: list[float] = []
+        self.retried = 0
+        self.lock = threading.Lock()
+
+    def run(self, clients: list[threading.Thread]) -> None:
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join()
+
+
+def load(url: str, containers: list[RuncContainer], seconds: float) -> Load:
+    seen = Load()
     stop_at = time.monotonic() + seconds
+
+    def request(api: httpx.Client, method: str, path: str, **kwargs: object) -> int:
+        """One call, asked again after Retry-After while the agent answers 429."""
+        while True:
+            started = time.perf_counter()
+            answer = api.request(method, path, **kwargs)  # type: ignore[arg-type]
+            took = time.perf_counter() - started
+            with seen.lock:
+                seen.requests.append(took)
+                seen.retried += answer.status_code == 429
+            if answer.status_code != 429:
+                return answer.status_code
+            time.sleep(float(answer.headers.get("retry-after", "1")))
 
     def client(index: int, container: RuncContainer) -> None:
         device = f"bench.example/gpu={index}"
@@ -120,22 +151,55 @@ def load(
                 started = time.perf_counter()
                 try:
                     codes = (
-                        api.post(path, json={"devices": [device]}).status_code,
-                        api.delete(f"{path}/{device}").status_code,
+                        request(api, "POST", path, json={"devices": [device]}),
+                        request(api, "DELETE", f"{path}/{device}"),
                     )
                     result = "ok" if codes == (200, 200) else f"http {codes}"
                 except httpx.HTTPError as exc:
                     result = type(exc).__name__
-                with lock:
-                    outcomes[result] += 1
-                    latencies.append(time.perf_counter() - started)
+                with seen.lock:
+                    seen.outcomes[result] += 1
+                    seen.pairs.append(time.perf_counter() - started)
 
-    threads = [threading.Thread(target=client, args=(i, c)) for i, c in enumerate(containers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes, latencies
+    seen.run([threading.Thread(target=client, args=(i, c)) for i, c in enumerate(containers)])
+    return seen
+
+
+def load_in_process(engine: Engine, containers: list[RuncContainer], seconds: float) -> Load:
+    """The same clients as threads calling the engine: no HTTP, no guard, no service."""
+    seen = Load()
+    stop_at = time.monotonic() + seconds
+
+    def timed_call(fn: Callable[[], object]) -> None:
+        took = timed(fn)
+        with seen.lock:
+            seen.requests.append(took)
+
+    def client(index: int, container: RuncContainer) -> None:
+        device = f"bench.example/gpu={index}"
+        while time.monotonic() < stop_at:
+            started = time.perf_counter()
+            try:
+                timed_call(lambda: engine.mount(container.id, [device]))
+                timed_call(lambda: engine.unmount(container.id, [device]))
+                result = "ok"
+            except HotmountError as exc:
+                result = type(exc).__name__
+            with seen.lock:
+                seen.outcomes[result] += 1
+                seen.pairs.append(time.perf_counter() - started)
+
+    seen.run([threading.Thread(target=client, args=(i, c)) for i, c in enumerate(containers)])
+    return seen
+
+
+def report(seen: Load, seconds: float, where: str) -> None:
+    total = sum(seen.outcomes.values())
+    done = seen.outcomes["ok"]
+    print(f"{f'pairs done{where}':<44} {done:8d}  ({done / seconds:.1f} pairs/s)")
+    print(f"{f'errors{where}':<44} {total - done:8d}  {dict(seen.outcomes)}")
+    print(summary(f"mount+unmount under load{where}", seen.pairs))
+    print(summary(f"one request under load{where}", seen.requests))
 
 
 def leaks(containers: list[RuncContainer], state: Path) -> list[str]:
@@ -192,14 +256,20 @@ def main() -> int:
         print(f"{'... per request':<44} {overhead * 500:8.3f} ms\n")
 
         containers += [RuncContainer(work, rootfs, "v1") for _ in range(args.clients - 1)]
-        outcomes, latencies = load(f"http://127.0.0.1:{port}", containers, args.seconds)
-        total = sum(outcomes.values())
+        seen = load(f"http://127.0.0.1:{port}", containers, args.seconds)
         print(f"{args.clients} clients x {args.seconds:g} s, each on its own container and device")
-        print(f"{'pairs done':<44} {total:8d}  ({total / args.seconds:.1f} pairs/s)")
-        print(f"{'errors':<44} {total - outcomes['ok']:8d}  {dict(outcomes)}")
-        print(summary("mount+unmount under load", latencies))
+        report(seen, args.seconds, "")
+        print(f"{'429 answers waited out and asked again':<44} {seen.retried:8d}")
         leaked = leaks(containers, work / "state-agent")
         print(f"{'leaked grants, nodes, records, claims':<44} {len(leaked):8d}  {leaked[:5]}")
+
+        direct_load = load_in_process(engine, containers, args.seconds)
+        print(f"\nthe same {args.clients} clients as threads, engine in-process")
+        report(direct_load, args.seconds, " (in-process)")
+        leaked = leaks(containers, work / "state-engine")
+        print(f"{'leaked grants, nodes, records, claims':<44} {len(leaked):8d}  {leaked[:5]}")
+        share = 1 - percentile(direct_load.pairs, 50) / percentile(seen.pairs, 50)
+        print(f"{'HTTP share of a pair under load (p50)':<44} {share * 100:7.0f} %")
     finally:
         agent.terminate()
         agent.wait()

@@ -3,7 +3,9 @@
 - authentication comes before the body: 401 whatever is sent, however much;
 - bodies over the cap get 413 without being read to the end (Content-Length or chunked);
 - probes answer while every worker is stuck on a hung API server;
-- mutating calls past their bound, and calls past the overall bound, get 429 + Retry-After;
+- mutating calls past their bound wait in line for a slot (and are served when one frees),
+  or get 429 + Retry-After once they have waited --mutating-wait; calls past the overall
+  bound get 429 at once;
 - a Kubernetes call, or a call to another agent, that gets no answer times out (502),
   never holds a worker for good;
 - a refused token is not sent to TokenReview again and again;
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -166,7 +169,7 @@ def test_probes_answer_while_every_worker_is_stuck(cluster: Cluster) -> None:
 
 def test_mutating_calls_past_the_bound_get_429(cluster: Cluster) -> None:
     cluster.kube.put_pod(pod_manifest("nb", None))
-    agent = cluster.agent(extra=[*STUCK, "--max-mutating", "2"])
+    agent = cluster.agent(extra=[*STUCK, "--max-mutating", "2", "--mutating-wait", "0"])
     stall = cluster.kube.stall(verb="get", resource="pods")
     with in_flight(agent, stall, 2):
         assert stall.wait_arrived(2)
@@ -186,6 +189,44 @@ def test_mutating_calls_past_the_bound_get_429(cluster: Cluster) -> None:
     with agent.client(ALICE) as alice:  # the slots are free again
         after = alice.post(MOUNT, json={"devices": ["1"]})
         assert after.status_code != 429, after.text
+
+
+def gauge(agent: AgentProcess, name: str) -> float:
+    with httpx.Client(base_url=agent.url, timeout=30) as probe:
+        for line in probe.get("/metrics").text.splitlines():
+            if line.startswith(f"{name} "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_a_mutating_call_past_the_bound_waits_in_line_and_is_served(cluster: Cluster) -> None:
+    """Past --max-mutating a mount waits for a slot, holding no worker thread, and is
+    served when the slot frees: not a 429 its caller would have to retry."""
+    cluster.kube.put_pod(pod_manifest("nb", None))
+    agent = cluster.agent(extra=[*STUCK, "--max-mutating", "1"])
+    stall = cluster.kube.stall(verb="get", resource="pods")
+    later: list[httpx.Response] = []
+
+    def second_call() -> None:
+        with agent.client(ALICE) as alice:
+            later.append(alice.post(MOUNT, json={"devices": ["1"]}))
+
+    waiter = threading.Thread(target=second_call)
+    with in_flight(agent, stall, 1) as first:
+        assert stall.wait_arrived(1)
+        waiter.start()
+        for _ in range(600):  # until the agent counts it in line (bounded)
+            if gauge(agent, "hotmount_mutating_waiting") == 1:
+                break
+            time.sleep(0.05)
+        assert gauge(agent, "hotmount_mutating_waiting") == 1
+        assert stall.arrived == 1, "the second call must wait, not run beside the first"
+    waiter.join()
+    [answer] = later
+    assert answer.status_code != 429, answer.text
+    assert stall.arrived == 2  # it ran once the first call freed the slot
+    assert [a.status_code for a in first] == [answer.status_code]
+    assert gauge(agent, "hotmount_mutating_waiting") == 0
 
 
 def test_calls_past_the_overall_bound_get_429(cluster: Cluster) -> None:
