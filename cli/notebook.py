@@ -344,6 +344,8 @@ def list_message(listing: DeviceList) -> str:
 
 def error_message(exc: BaseException, config: Config | None = None, action: str = "") -> str:
     """One line a notebook user understands; never a traceback."""
+    if isinstance(exc, NotebookError):
+        return str(exc)
     from cli.errors import (
         Busy,
         Conflict,
@@ -354,8 +356,6 @@ def error_message(exc: BaseException, config: Config | None = None, action: str 
         Unavailable,
     )
 
-    if isinstance(exc, NotebookError):
-        return str(exc)
     if not isinstance(exc, HotmountClientError):
         return f"gpu-hotmount: {exc}"
     pod = f"{config.namespace}/{config.pod}" if config else "this pod"
@@ -414,7 +414,11 @@ def magic(line: str, config: Config | None = None, stdout: Any = None, stderr: A
     try:
         print(run(line, config), file=out)
     except Exception as exc:
-        print(f"%gpu: {error_message(exc, config, action)}", file=err)
+        try:
+            text = error_message(exc, config, action)
+        except Exception:  # even a broken install gets its one line, not a traceback
+            text = f"gpu-hotmount: {exc}"
+        print(f"%gpu: {text}", file=err)
         return False
     return True
 
