@@ -15,48 +15,64 @@ GPU into it, then times each command as a new process, N times, and prints p50/p
 - `kubectl get --raw` of that same aggregated path, with the same kubeconfig;
 
 then the ratios of each to `python -c pass`, and of nvcli's aggregated status to
-kubectl's. `--before REV` times the same commands again from the `cli/`, `agent/` and
-`hotmount/` of git revision REV (extracted with `git archive`), as "before" figures.
-`--kubectl` also times the real single-node Kubernetes tier (tests/k8s/node/cluster.py)
-if its kubeconfig is given in $HOTMOUNT_K8S_KUBECONFIG: `kubectl get --raw` of a
-gpumount against `nvcli status`, through the real aggregated API.
+kubectl's; CPU time (user + system) too, which a loaded machine disturbs less. Commands
+run round-robin, so load changes fall on all alike. `--before REV` times the same
+commands from the `cli/`, `agent/` and `hotmount/` of git revision REV (extracted with
+`git archive`; this venv's packages) as "before" figures. `--kubectl` times the real
+single-node Kubernetes tier instead (tests/k8s/node/cluster.py, its kubeconfig in
+$HOTMOUNT_K8S_KUBECONFIG, a pod it runs with a gpumount): `nvcli status` against
+`kubectl get --raw` of the same gpumount, through the real aggregated API.
 
-Notes (2 cores, shared; `uptime` load 1.5-2.5, indicative only), before this work
-(ee6062f): `python -c pass` 45 ms, `nvcli --help` 560-800 ms, `nvcli version`
-710-790 ms: `import cli.main` alone 0.40 s (httpx with its own command line and rich,
-pydantic and every agent model, importlib.metadata), and the kubernetes package on
-every kubeconfig call.
+Notes (2 cores shared with other work; indicative only, with `uptime` load):
+before this work (ee6062f, typer 0.29), load 0.2-0.8, one run each of 3-5:
+`python -c pass` 40-50 ms, `nvcli --help` 560-810 ms, `nvcli version` 710-790 ms;
+`import cli.main` alone ~0.40 s: httpx with its own command line (click, rich,
+pygments), pydantic and every agent model, importlib.metadata; the kubernetes package
+(~0.2 s more) on every kubeconfig call; typer 0.26+ building a pydantic TypeAdapter
+per flag (~30 per call) on top.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from bench.stats import percentile, summary, timed
+from bench.stats import percentile, summary
 
 REPO = Path(__file__).resolve().parents[1]
 POD = "nb"
 GPU = "nvidia.com/gpu=1"
 
 
-def run_n(
-    command: list[str], iterations: int, env: dict[str, str], cwd: Path = REPO
-) -> list[float]:
-    """Wall time of `command` as a new process; one untimed run first (page cache)."""
-
-    def once() -> None:
-        done = subprocess.run(command, capture_output=True, env=env, check=False, cwd=cwd)
-        if done.returncode != 0:
-            raise RuntimeError(f"{command}: exit {done.returncode}: {done.stderr.decode()}")
-
-    once()
-    return [timed(once) for _ in range(iterations)]
+def measure(
+    found: dict[str, list[str]], iterations: int, env: dict[str, str], cwd: Path = REPO
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and CPU (user + system) time of each command as a new process, round-robin so
+    that a change in the machine's load falls on every command alike; one untimed round
+    first (page cache, .pyc)."""
+    wall: dict[str, list[float]] = {name: [] for name in found}
+    cpu: dict[str, list[float]] = {name: [] for name in found}
+    for round_ in range(iterations + 1):
+        for name, command in found.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, env=env, check=False, cwd=cwd)
+            elapsed = time.perf_counter() - started
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if done.returncode != 0:
+                raise RuntimeError(f"{command}: exit {done.returncode}: {done.stderr.decode()}")
+            if round_:
+                wall[name].append(elapsed)
+                used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+                cpu[name].append(used)
+    return wall, cpu
 
 
 def commands(
@@ -83,21 +99,25 @@ def commands(
     return found
 
 
-def report(title: str, samples: dict[str, list[float]]) -> None:
+def report(
+    title: str, wall: dict[str, list[float]], cpu: dict[str, list[float]] | None = None
+) -> None:
     print(f"\n{title}")
-    for name, values in samples.items():
+    for name, values in wall.items():
         print(summary(name, values))
-    floor = percentile(samples["python -c pass"], 50)
-    for name, values in samples.items():
+    for name, values in (cpu or {}).items():
+        print(summary(f"{name} (CPU)", values))
+    floor = percentile(wall["python -c pass"], 50)
+    for name, values in wall.items():
         if name != "python -c pass":
             ratio = percentile(values, 50) / floor
             print(f"{f'ratio {name} / python -c pass (p50)':<44} {ratio:8.1f}x")
-    kubectl = samples.get("kubectl get --raw (the same path)")
-    if kubectl:
-        ratio = percentile(samples["nvcli status (aggregated, kubeconfig)"], 50) / percentile(
-            kubectl, 50
-        )
-        print(f"{'ratio nvcli status / kubectl get --raw (p50)':<44} {ratio:8.1f}x")
+    kubectl = "kubectl get --raw (the same path)"
+    nvcli = "nvcli status (aggregated, kubeconfig)"
+    for kind, samples in (("wall", wall), ("CPU", cpu or {})):
+        if kubectl in samples:
+            ratio = percentile(samples[nvcli], 50) / percentile(samples[kubectl], 50)
+            print(f"{f'ratio nvcli status / kubectl get --raw ({kind})':<44} {ratio:8.1f}x")
 
 
 def extract(rev: str, into: Path) -> Path:
@@ -149,11 +169,8 @@ def bench_fake_cluster(args: argparse.Namespace) -> None:
         if args.before:
             # `python -m` puts the working directory first on sys.path: the old tree's.
             old = extract(args.before, work / "before")
-            report(
-                f"before: cli/ of {args.before}",
-                {n: run_n(c, args.iterations, env, cwd=old) for n, c in found.items()},
-            )
-        report("now", {n: run_n(c, args.iterations, env) for n, c in found.items()})
+            report(f"before: cli/ of {args.before}", *measure(found, args.iterations, env, old))
+        report("now", *measure(found, args.iterations, env))
     finally:
         cluster.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -168,18 +185,14 @@ def bench_real_node(args: argparse.Namespace) -> None:
     path = f"/apis/hotmount.io/v1alpha1/namespaces/{namespace}/gpumounts/{pod}"
     env = {**os.environ, "KUBECONFIG": config}
     python = sys.executable
-    samples = {
-        "python -c pass": run_n([python, "-c", "pass"], args.iterations, env),
-        "nvcli status (aggregated, kubeconfig)": run_n(
-            [python, "-m", "cli.main", "status", "--name", pod, "-n", namespace],
-            args.iterations,
-            env,
-        ),
-        "kubectl get --raw (the same path)": run_n(
-            ["kubectl", "get", "--raw", path], args.iterations, env
-        ),
-    }
-    report(f"real node, {path}", samples)
+    found = {
+        "python -c pass": [python, "-c", "pass"],
+        "nvcli status (aggregated, kubeconfig)": [
+            python, "-m", "cli.main", "status", "--name", pod, "-n", namespace,
+        ],
+        "kubectl get --raw (the same path)": ["kubectl", "get", "--raw", path],
+    }  # fmt: skip
+    report(f"real node, {path}", *measure(found, args.iterations, env))
 
 
 def main() -> int:
