@@ -188,10 +188,11 @@ class MountRequest(Request):
     share_with: KubeName | None = None
     force: bool = False
     # RDMA devices that come and go with the named GPUs: each one's nearest NIC, or these.
-    with_rdma: bool = False
+    # (None, not False, by default: a client leaves them out, so an older agent reads it.)
+    with_rdma: bool | None = None
     rdma: list[DeviceRef] | None = Field(default=None, min_length=1, max_length=16)
     # A network interface moved into the container's network namespace with them.
-    with_netdev: bool = False
+    with_netdev: bool | None = None
     netdev: NetdevRequest | None = None
     idle_timeout: Duration | None = None
 
@@ -232,7 +233,7 @@ class MountRequest(Request):
         and a network interface (hotmount/netdevs.py)."""
         wanted = self.netdev_request()
         netdev = wanted.spec() if wanted is not None else None
-        return {"with_rdma": self.with_rdma, "rdma": self.rdma, "netdev": netdev}
+        return {"with_rdma": bool(self.with_rdma), "rdma": self.rdma, "netdev": netdev}
 
     def container_names(self) -> list[str | None]:
         """The containers asked for; [None] is the pod's default, ["*"] all of them."""

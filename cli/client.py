@@ -549,12 +549,15 @@ class HotmountClient:
         container: str | list[str] | None = None,
         force: bool = False,
         share_with: str | None = None,
+        **riders: Any,
     ) -> MountResult:
         """Hot-mount `devices` (or, with `count`, N scheduler-accounted GPUs) into a pod.
 
         `container`: one name, several (the same devices into each), or `["*"]` for all
-        of the pod's; `share_with`: a pod of the same namespace whose GPU this joins."""
-        request = _mount_request(devices, count, container, force, share_with)
+        of the pod's; `share_with`: a pod of the same namespace whose GPU this joins.
+        `riders`: what comes with the GPUs, as MountRequest names it: `with_rdma=True`,
+        `rdma=["rdma/mlx5_0"]`, `with_netdev=True`, `netdev={"name": ..., "mtu": ...}`."""
+        request = _mount_request(devices, count, container, force, share_with, **riders)
         return self.transport.mount(namespace, pod, request)
 
     def unmount(
@@ -636,6 +639,7 @@ def _mount_request(
     container: str | list[str] | None,
     force: bool,
     share_with: str | None = None,
+    **riders: Any,
 ) -> MountRequest:
     one = container if isinstance(container, str) or container is None else None
     if isinstance(container, list) and len(container) == 1 and container[0] != "*":
@@ -649,6 +653,7 @@ def _mount_request(
             containers=several,
             force=force,
             share_with=share_with,
+            **riders,
         )
     except ValidationError as exc:
         raise InvalidRequest(make_status(400, _problems(exc), "BadRequest")) from exc

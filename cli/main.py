@@ -540,6 +540,45 @@ def mount(
             "--force", help="mount even if another pod holds it (needs the force permission)"
         ),
     ] = False,
+    with_rdma: Annotated[
+        bool,
+        typer.Option(
+            "--with-rdma",
+            help="also the RDMA device of the NIC nearest each GPU (same PCIe switch, else "
+            "NUMA node): /dev/infiniband/uverbsN and rdma_cm, unmounted with the GPU",
+        ),
+    ] = False,
+    rdma: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rdma", metavar="DEVICES", help="RDMA devices by name (rdma/mlx5_0), with the GPUs"
+        ),
+    ] = None,
+    with_netdev: Annotated[
+        bool,
+        typer.Option(
+            "--with-netdev",
+            help="also move the RDMA NIC's network interface into the pod (as net1); "
+            "the agent's --netdev-allow must list it",
+        ),
+    ] = False,
+    netdev: Annotated[
+        str | None,
+        typer.Option("--netdev", metavar="IFACE", help="move this host interface into the pod"),
+    ] = None,
+    netdev_inside: Annotated[
+        str | None,
+        typer.Option("--netdev-inside", metavar="NAME", help="its name in the pod (net1)"),
+    ] = None,
+    netdev_mtu: Annotated[
+        int | None, typer.Option("--netdev-mtu", metavar="MTU", help="its MTU in the pod")
+    ] = None,
+    netdev_address: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--netdev-address", metavar="CIDR", help="an address for it (10.0.0.2/24); repeat"
+        ),
+    ] = None,
 ) -> None:
     """Hot-mount GPUs into a running pod.
 
@@ -554,6 +593,8 @@ def mount(
       nvcli mount --name ipc-pod --mount 0 --container producer --container consumer
       nvcli mount --name consumer-0 --mount 0 --share-with producer-0
       nvcli mount --name notebook-0 --count 2
+      nvcli mount --name trainer-0 --mount 0 --with-rdma --with-netdev
+      nvcli mount --name trainer-0 --mount 0 --rdma rdma/mlx5_1 --netdev ens1f0v2
       sudo nvcli mount --local --container 3f2a... --mount 0
     """
     _check_modes(opts)
@@ -569,6 +610,11 @@ def mount(
         raise UsageError("several containers and --share-with work on pods, not with --local")
     if kind == "pod":
         _check_names(containers, share_with)
+    riders = _riders(with_rdma, rdma, with_netdev, netdev, netdev_inside, netdev_mtu)
+    if netdev_address:
+        riders.setdefault("netdev", {})["addresses"] = netdev_address
+    if riders and (opts.local or kind == "container"):
+        raise UsageError("--with-rdma, --rdma and the netdev flags work on pods, not --local")
     if opts.local:
         if count is not None:
             raise UsageError("--count needs the scheduler: it does not work with --local")
@@ -588,8 +634,32 @@ def mount(
                     container=containers or None,
                     force=force,
                     share_with=share_with,
+                    **riders,
                 )
     emit(result, opts)
+
+
+def _riders(
+    with_rdma: bool,
+    rdma: list[str] | None,
+    with_netdev: bool,
+    netdev: str | None,
+    inside: str | None,
+    mtu: int | None,
+) -> dict[str, Any]:
+    """What comes with the GPUs, as the MountRequest names it (only what was asked for)."""
+    out: dict[str, Any] = {}
+    if with_rdma:
+        out["with_rdma"] = True
+    if rdma:
+        out["rdma"] = split_refs(rdma)
+    if with_netdev:
+        out["with_netdev"] = True
+    spec = {"name": netdev, "inside": inside, "mtu": mtu}
+    spec = {k: v for k, v in spec.items() if v is not None}
+    if spec:
+        out["netdev"] = spec
+    return out
 
 
 @app.command()

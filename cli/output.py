@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from agent.schemas import (
         DeviceHolder,
+        DeviceInfo,
         DeviceList,
         MountResult,
         PodDevices,
@@ -129,6 +130,7 @@ def devices_table(listings: list[DeviceList]) -> str:
             d.kind,
             d.uuid,
             ",".join(d.aliases) or "-",
+            nearest_text(d, listing),
             holders_text(d.holders, d.holder),
         ]
         for listing in listings
@@ -136,7 +138,18 @@ def devices_table(listings: list[DeviceList]) -> str:
     ]
     if not rows:
         return "No devices found."
-    return columns(["NODE", "INDEX", "DEVICE", "KIND", "UUID", "ALIASES", "HELD BY"], rows)
+    headers = ["NODE", "INDEX", "DEVICE", "KIND", "UUID", "ALIASES", "NEAREST", "HELD BY"]
+    return columns(headers, rows)
+
+
+def nearest_text(device: DeviceInfo, listing: DeviceList) -> str:
+    """An RDMA device: the GPUs it is nearest (by index); a GPU: its nearest RDMA device."""
+    if device.nearest_gpus:
+        index = {d.key: d.index for d in listing.devices}
+        return ",".join(
+            str(index[k]) if index.get(k) is not None else k for k in device.nearest_gpus
+        )
+    return device.nearest_rdma or "-"
 
 
 def status_table(result: PodDevices) -> str:
@@ -196,6 +209,8 @@ def mount_table(result: MountResult) -> str:
         lines.append(f"and {mounted} into {into}")
     if result.holder_pod:
         lines.append(f"accounted by holder pod {result.namespace}/{result.holder_pod}")
+    if result.netdevs:
+        lines.append(f"network interfaces moved in: {', '.join(result.netdevs)}")
     return "\n".join(lines)
 
 
@@ -209,6 +224,8 @@ def unmount_table(result: UnmountResult) -> str:
         lines.append(f"stopped PIDs: {', '.join(str(p) for p in result.stopped_pids)}")
     if result.holder_pods_deleted:
         lines.append(f"holder pods deleted: {', '.join(result.holder_pods_deleted)}")
+    if result.netdevs:
+        lines.append(f"network interfaces given back: {', '.join(result.netdevs)}")
     return "\n".join(lines)
 
 

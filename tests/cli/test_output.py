@@ -83,7 +83,7 @@ def test_tables() -> None:
 
     listing = render(RESULTS["list"], "table").splitlines()
     assert listing[0].split() == [
-        "NODE", "INDEX", "DEVICE", "KIND", "UUID", "ALIASES", "HELD", "BY"
+        "NODE", "INDEX", "DEVICE", "KIND", "UUID", "ALIASES", "NEAREST", "HELD", "BY"
     ]  # fmt: skip
     assert listing[1].endswith("<free>")
     assert listing[2].endswith("ml/nb-0 (main) [hotmount]")
