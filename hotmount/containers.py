@@ -9,6 +9,7 @@ the fallback.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections import deque
@@ -77,7 +78,9 @@ class CgroupPaths:
     v2: str | None
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_proc_cgroup(text: str) -> CgroupPaths:
+    """Pure, so cached by text: a container's processes list the same cgroups."""
     v1_devices = v2 = None
     for line in text.splitlines():
         hierarchy, _, rest = line.partition(":")

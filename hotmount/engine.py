@@ -23,10 +23,12 @@ from hotmount.cgroups.v1 import V1Devices, allows
 from hotmount.cgroups.v2 import V2Devices
 from hotmount.claims import Claim
 from hotmount.containers import (
+    CgroupPaths,
     Container,
     ContainerRef,
     ContainerResolver,
     parse_container_ref,
+    parse_proc_cgroup,
     read_pids_file,
 )
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
@@ -788,7 +790,12 @@ class _Liveness:
             if self.expected_start is not None and self.start_time != self.expected_start:
                 raise ContainerNotFound(f"PID {pid} is no longer {self.container.key}'s init")
             self.check()
-            if not _member(self.container):
+            if self.expected_start is not None:
+                # A cached resolution: the same process (start time), and in the very
+                # cgroups it was resolved in, so every directory derived from them holds.
+                if _cgroups(self.proc, pid) != self.container.cgroups:
+                    raise ContainerNotFound(f"PID {pid} has left {self.container.key}'s cgroups")
+            elif not _member(self.container):
                 # Resolved a moment ago, gone since, its PID now someone else's: the pidfd
                 # holds whatever process has that PID, so prove it is still the container's.
                 raise ContainerNotFound(f"container {self.container.key} has exited")
@@ -822,6 +829,19 @@ def _member(container: Container) -> bool:
     return (own is not None and container.init_pid in own) or (
         container.init_pid in container.pids()
     )
+
+
+def _cgroups(proc: str, pid: int) -> CgroupPaths:
+    try:
+        fd = os.open(f"{proc}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, ProcessLookupError) as exc:
+        raise ContainerNotFound(f"process {pid} has exited") from exc
+    try:
+        return parse_proc_cgroup(os.read(fd, 65536).decode())
+    except ProcessLookupError as exc:
+        raise ContainerNotFound(f"process {pid} has exited") from exc
+    finally:
+        os.close(fd)
 
 
 def _mnt_ns(proc: str, pid: int) -> str:

@@ -91,6 +91,27 @@ def test_a_pid_reused_inside_another_container_grants_nothing_there(
         other.stop()
 
 
+def test_an_init_moved_into_another_containers_cgroups_after_a_cached_resolution(
+    engine: Engine, make_container
+) -> None:
+    """Same process, same start time, but now in another container's cgroups: the cached
+    directories are not that process's any more, and the other container gains nothing."""
+    moved, other = make_container("v1"), make_container("v1")
+    engine.mount(moved.id, [GPU0])
+    engine.unmount(moved.id, [GPU0])
+    assert engine.resolver.cached(moved.id) is not None
+    before = (other.v1_devices_dir / "devices.list").read_text()
+    for directory in (other.v1_devices_dir, other.v2_dir):
+        (directory / "cgroup.procs").write_text(str(moved.pid))
+
+    with pytest.raises(ContainerNotFound):
+        engine.mount(moved.id, [GPU0])
+
+    assert (other.v1_devices_dir / "devices.list").read_text() == before
+    assert "nvidia0" not in other.ls_dev()
+    assert engine.ledger.records() == [] and engine.ledger.claims() == []
+
+
 def test_a_cache_entry_with_another_start_time_is_dropped_and_resolved_afresh(
     engine: Engine, container: RuncContainer
 ) -> None:
