@@ -123,7 +123,15 @@ def unix_listener(path: Path) -> socket.socket:
 
 
 def _config(app: ASGIApp, address: str, tls: dict[str, Any]) -> uvicorn.Config:
-    common: dict[str, Any] = {"log_config": None, "access_log": False, "lifespan": "off"}
+    # No X-Forwarded-* rewriting: nothing in front of the agent sets them (the API
+    # server's front proxy is known by its certificate), and the middleware costs every
+    # request a layer.
+    common: dict[str, Any] = {
+        "log_config": None,
+        "access_log": False,
+        "lifespan": "off",
+        "proxy_headers": False,
+    }
     if address.startswith("unix:"):
         return uvicorn.Config(app, http=UnixProtocol, **common)
     host, _, port = address.rpartition(":")

@@ -17,6 +17,7 @@ Prints, in one run, on real runc containers (cgroup v1) with stand-in devices:
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -193,6 +194,12 @@ def load_in_process(engine: Engine, containers: list[RuncContainer], seconds: fl
     return seen
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def report(seen: Load, seconds: float, where: str) -> None:
     total = sum(seen.outcomes.values())
     done = seen.outcomes["ok"]
@@ -256,10 +263,18 @@ def main() -> int:
         print(f"{'... per request':<44} {overhead * 500:8.3f} ms\n")
 
         containers += [RuncContainer(work, rootfs, "v1") for _ in range(args.clients - 1)]
+        agent_cpu, own_cpu = cpu_seconds(agent.pid), sum(os.times()[:2])
         seen = load(f"http://127.0.0.1:{port}", containers, args.seconds)
+        agent_cpu, own_cpu = cpu_seconds(agent.pid) - agent_cpu, sum(os.times()[:2]) - own_cpu
         print(f"{args.clients} clients x {args.seconds:g} s, each on its own container and device")
         report(seen, args.seconds, "")
         print(f"{'429 answers waited out and asked again':<44} {seen.retried:8d}")
+        # What limits throughput: the agent is one process (one GIL: about one core).
+        print(
+            f"{'CPU: agent, clients (cores busy)':<44} {agent_cpu / args.seconds:8.2f}  "
+            f"{own_cpu / args.seconds:.2f}  (of {os.cpu_count()}; "
+            f"agent {agent_cpu / max(1, seen.outcomes['ok']) * 1000:.2f} ms per pair)"
+        )
         leaked = leaks(containers, work / "state-agent")
         print(f"{'leaked grants, nodes, records, claims':<44} {len(leaked):8d}  {leaked[:5]}")
 
