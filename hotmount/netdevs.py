@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hotmount import netdev
-from hotmount.errors import ContainerNotFound, HotmountError, NotFound
+from hotmount.errors import ContainerNotFound, HotmountError, KernelError, NotFound
 from hotmount.hostfs import HostRoot
 from hotmount.netdev_plan import (
     Action,
@@ -95,7 +95,7 @@ class Netdevs:
         """Allowed, not primary, on the host now; the inside name and addresses valid."""
         check_name(spec.inside, "inside name")
         check_addresses(spec.addresses)
-        with netdev.rtnl() as ipr:
+        with self._host() as ipr:
             links = netdev.links(ipr)
             primary = primary_interfaces(links, netdev.default_route_oifs(ipr))
         check_allowed(name, self.allow, primary)
@@ -135,7 +135,7 @@ class Netdevs:
         with self._container_ns(init_pid, start_time) as ns_fd, netdev.rtnl(ns_fd) as inside:
             if any(link.name == spec.inside for link in netdev.links(inside)):
                 raise NetdevConflict(f"container {container} already has an {spec.inside}")
-            with netdev.rtnl() as host:
+            with self._host() as host:
                 [link] = [link for link in netdev.links(host) if link.name == name]
                 record = NetdevRecord(
                     container=container,
@@ -171,7 +171,7 @@ class Netdevs:
             with (
                 self._container_ns(record.init_pid, record.init_start_time) as ns_fd,
                 netdev.rtnl(ns_fd) as inside,
-                netdev.rtnl() as host,
+                self._host() as host,
             ):
                 self._undo(record, inside, host, quiet=False)
         except ContainerNotFound:
@@ -197,7 +197,7 @@ class Netdevs:
         try:
             found = find(netdev.links(inside), record, record.inside)
             if found is not None:
-                host_ns = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+                host_ns = self._host_ns_fd()
                 try:
                     netdev.move(inside, found.index, host_ns, record.host_name)
                 finally:
@@ -255,7 +255,7 @@ class Netdevs:
             inside = stack.enter_context(netdev.rtnl(ns_fd)) if ns_fd is not None else None
             if inside is not None:
                 in_container = find(netdev.links(inside), record, record.inside)
-            host = stack.enter_context(netdev.rtnl())
+            host = stack.enter_context(self._host())
             on_host = find(netdev.links(host), record, record.host_name)
             action = decide(record, inside is not None, in_container, on_host)
             if action is Action.MOVE_BACK:
@@ -269,6 +269,27 @@ class Netdevs:
                 log.info("netdev %s of %s: %s", record.host_name, record.container, action)
             return action
 
+    def _host_ns_fd(self) -> int:
+        """The host's network namespace: its init's (hostPID: the agent's pod need not be
+        hostNetwork), else, where PID 1's namespaces cannot be opened, the agent's own."""
+        for path in (self.host.path("/proc/1/ns/net"), Path("/proc/self/ns/net")):
+            try:
+                return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except PermissionError:
+                continue
+            except OSError as exc:
+                raise KernelError(f"opening {path}: {exc.strerror}") from exc
+        raise KernelError("the host's network namespace cannot be opened")
+
+    @contextlib.contextmanager
+    def _host(self) -> Iterator[IPRoute]:
+        fd = self._host_ns_fd()
+        try:
+            with netdev.rtnl(fd) as ipr:
+                yield ipr
+        finally:
+            os.close(fd)
+
     @contextlib.contextmanager
     def _container_ns(self, pid: int, start_time: int) -> Iterator[int]:
         """An fd of the container's network namespace, proven to be its init's (the PID
@@ -281,7 +302,12 @@ class Netdevs:
         try:
             if _start_time(proc) != start_time:
                 raise ContainerNotFound(f"PID {pid} is not the container's init any more")
-            if os.fstat(fd).st_ino == os.stat("/proc/self/ns/net").st_ino:
+            host = self._host_ns_fd()
+            try:
+                shared = os.fstat(host).st_ino == os.fstat(fd).st_ino
+            finally:
+                os.close(host)
+            if shared:
                 raise NetdevRefused(
                     "the container shares the host's network namespace (hostNetwork): "
                     "an interface cannot move into it"

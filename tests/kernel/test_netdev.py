@@ -8,6 +8,7 @@ network namespace (`runc spec`'s default), which is where the interface goes.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -248,3 +249,15 @@ def test_a_gone_container_is_refused(
     with pytest.raises(ContainerNotFound):
         engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=veth[0]))
     assert link(veth[0]) is not None
+
+
+def test_a_container_in_the_hosts_network_namespace_is_refused(
+    engine: Engine, veth: tuple[str, str]
+) -> None:
+    """A hostNetwork pod: "moving" an interface into it would only rename the host's."""
+    me = os.getpid()
+    start = int(Path(f"/proc/{me}/stat").read_text().rpartition(")")[2].split()[19])
+    with pytest.raises(NetdevRefused, match="host's network namespace"):
+        engine.netdevs.attach("host-net", me, start, NetdevSpec(name=veth[0]), veth[0], [])
+    assert link(veth[0]) is not None and link("net1") is None
+    assert engine.netdevs.records() == []
