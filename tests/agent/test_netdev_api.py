@@ -24,7 +24,10 @@ PODS = "/v1/namespaces/default/pods/nb/devices"
 def link(name: str, pid: int | None = None) -> dict[str, object] | None:
     enter = ["nsenter", "-t", str(pid), "-n"] if pid else []
     shown = subprocess.run(
-        [*enter, "ip", "-j", "addr", "show", "dev", name], capture_output=True, text=True
+        [*enter, "ip", "-j", "addr", "show", "dev", name],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     return json.loads(shown.stdout)[0] if shown.returncode == 0 else None
 
