@@ -314,7 +314,22 @@ class ProgInfo:
     xlated: bytes
 
 
-def prog_info(fd: int) -> ProgInfo:
+_FEW_MAPS = 8
+
+
+def prog_info(fd: int, with_insns: bool = True) -> ProgInfo:
+    """The program's name, maps and (`with_insns`) its translated instructions.
+
+    Without instructions one call answers the usual case (a few maps): telling our
+    wrappers from foreign programs needs only the name and the map IDs.
+    """
+    if not with_insns:
+        few = (_u32 * _FEW_MAPS)()
+        info = ProgInfoStruct(nr_map_ids=_FEW_MAPS, map_ids=ctypes.addressof(few))
+        _get_info(fd, info)
+        if info.nr_map_ids <= _FEW_MAPS:
+            ids = [int(few[i]) for i in range(info.nr_map_ids)]
+            return ProgInfo(int(info.id), info.name.decode(errors="replace"), ids, b"")
     info = ProgInfoStruct()
     _get_info(fd, info)
     insns = ctypes.create_string_buffer(info.xlated_prog_len)

@@ -63,7 +63,8 @@ class V2Devices:
                 break
             else:
                 raise BpfError(f"{self.directory}: its device programs kept changing")
-            _, attached = self._attached(stack, cgroup_fd)
+            if wraps:  # look again: the wrappers replaced what was there
+                _, attached = self._attached(stack, cgroup_fd)
             map_fds = self._map_fds(stack, attached)
             if not map_fds or any(not a.ours for a in attached):
                 raise BpfError(f"{self.directory}: a device program is still unwrapped")
@@ -112,7 +113,7 @@ class V2Devices:
                     continue  # detached and freed since the query
                 raise
             stack.callback(os.close, fd)
-            attached.append(Attached(prog_id, fd, bpf_sys.prog_info(fd)))
+            attached.append(Attached(prog_id, fd, bpf_sys.prog_info(fd, with_insns=False)))
         return flags, attached
 
     def _map_fds(self, stack: ExitStack, attached: list[Attached]) -> list[int]:
@@ -138,7 +139,7 @@ class V2Devices:
             )
             stack.callback(os.close, map_fd)
         for program in foreign:
-            original = bpf_asm.decode(program.info.xlated)
+            original = bpf_asm.decode(bpf_sys.prog_info(program.fd).xlated)
             wrapper = bpf_sys.prog_load(
                 bpf_asm.encode(prologue.wrap(original, map_fd)), prologue.WRAPPER_NAME
             )
