@@ -24,6 +24,17 @@ UUID0 = GPUS[0]["uuid"]
 MOUNT = ["mount", "--name", "nb-0", "--mount", "0"]
 
 
+def table_column(out: str, name: str) -> list[str]:
+    """The cells of column `name` in nvcli's table output, one per row (columns are
+    left-aligned under their header, so each runs from its header to the next one)."""
+    header, *rows = out.splitlines()
+    names = [n for n in header.split("  ") if n.strip()]
+    starts = [header.index(n.strip()) for n in names]
+    at = [n.strip() for n in names].index(name)
+    end = starts[at + 1] if at + 1 < len(starts) else None
+    return [row[starts[at] : end].strip() for row in rows]
+
+
 def agent_args(stub: StubAgent) -> list[str]:
     return ["--agent", stub.url, "--token", AGENT_TOKEN, "-n", "ml"]
 
@@ -92,15 +103,13 @@ def test_a_shared_gpu_shows_who_else_holds_it(nvcli: Nvcli, stub: StubAgent) -> 
 
     table = nvcli("status", "--name", "nb-0", *agent_args(stub))
     assert table.rc == 0, table.err
-    header, row = table.out.splitlines()
-    assert header.split("   ")[-1].strip() == "SHARED WITH"
-    assert row.endswith("ml/producer (main) [hotmount]")
+    assert table_column(table.out, "SHARED WITH") == ["ml/producer (main) [hotmount]"]
 
 
 def test_an_unshared_gpu_shows_no_one_else(nvcli: Nvcli, stub: StubAgent) -> None:
     table = nvcli("status", "--name", "nb-0", *agent_args(stub))
     assert table.rc == 0, table.err
-    assert table.out.splitlines()[1].endswith("   -")
+    assert table_column(table.out, "SHARED WITH") == ["-"]
 
 
 BAD = {
@@ -162,6 +171,6 @@ def test_against_the_agent_both_containers_then_a_shared_pod(
 
     status = nvcli("status", "--name", "consumer", *flags)
     assert status.rc == 0, status.err
-    header, row = status.out.splitlines()
-    assert header.endswith("SHARED WITH")
-    assert "default/ipc (main) [hotmount]" in row and "default/ipc (side) [hotmount]" in row
+    [shared_with] = table_column(status.out, "SHARED WITH")
+    assert "default/ipc (main) [hotmount]" in shared_with
+    assert "default/ipc (side) [hotmount]" in shared_with
