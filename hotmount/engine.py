@@ -159,6 +159,8 @@ class Engine:
         self._proc = os.fspath(self.host.proc)
         self._v1_root = _normpath(self.layout.v1_devices_root)
         self._v2_root = _normpath(self.layout.v2_root)
+        self._v1_dirs: dict[str, V1Devices | None] = {}
+        self._v2_dirs: dict[str, V2Devices | None] = {}
         self.ledger = Ledger(self.config.state_dir)
         self.netdevs = Netdevs(self.host, self.config.state_dir, self.config.netdev_allow)
         self.inventory = self.load_inventory()
@@ -735,14 +737,31 @@ class Engine:
         return record is not None and self._live(record) is not None
 
     def _v1(self, directory: str | None) -> V1Devices | None:
-        if directory is None or os.path.normpath(directory) == self._v1_root:
-            return None  # the root cgroup restricts nothing
-        return V1Devices(directory)
+        if directory is None:
+            return None
+        try:
+            return self._v1_dirs[directory]
+        except KeyError:
+            pass
+        # The root cgroup restricts nothing. The drivers hold no state: kept per directory.
+        v1 = None if os.path.normpath(directory) == self._v1_root else V1Devices(directory)
+        if len(self._v1_dirs) > 4096:
+            self._v1_dirs.clear()
+        self._v1_dirs[directory] = v1
+        return v1
 
     def _v2(self, directory: str | None) -> V2Devices | None:
-        if directory is None or os.path.normpath(directory) == self._v2_root:
+        if directory is None:
             return None
-        return V2Devices(Path(directory))
+        try:
+            return self._v2_dirs[directory]
+        except KeyError:
+            pass
+        v2 = None if os.path.normpath(directory) == self._v2_root else V2Devices(Path(directory))
+        if len(self._v2_dirs) > 4096:
+            self._v2_dirs.clear()
+        self._v2_dirs[directory] = v2
+        return v2
 
     def _v2_grant(self, directory: str | None, nodes: list[NodeRecord]) -> None:
         v2 = self._v2(directory)
