@@ -6,9 +6,11 @@ rule the list already allows is the runtime's and is never written or revoked.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from hotmount.cgroups.v1 import ListEntry, allows, parse_list
+from hotmount.cgroups.v1 import ListEntry, V1Devices, allows, parse_list
 from hotmount.devices.model import DeviceRule
 
 ALLOW_ALL = "a *:* rwm\n"
@@ -138,3 +140,17 @@ def test_v1_line_round_trips_through_parse_list(line: str) -> None:
     (entry,) = parse_list(rule(line).v1_line())
     assert entry.covers(rule(line))
     assert rule(line).v1_line() == line
+
+
+def test_parsed_lists_are_cached_by_text_only(tmp_path: Path) -> None:
+    """The parse is cached by the list's text: a list that drifted (the runtime rewrote it)
+    reads as it is now, and a caller changing what it got back changes no later parse."""
+    (tmp_path / "devices.list").write_text("c 195:0 rw\n")
+    v1 = V1Devices(tmp_path)
+    assert v1.allows(rule("c 195:0 rw"))
+    (tmp_path / "devices.list").write_text("c 1:3 rwm\n")
+    assert not v1.allows(rule("c 195:0 rw"))
+
+    got = parse_list("c 195:0 rw\n")
+    got.clear()
+    assert parse_list("c 195:0 rw\n") == [ListEntry("c", 195, 0, 6)]
