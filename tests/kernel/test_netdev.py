@@ -192,6 +192,26 @@ def default_route_interface() -> str | None:
     return routes[0]["dev"] if routes else None
 
 
+@pytest.fixture
+def fake_primary(veth: tuple[str, str]) -> str:
+    """A veth end that carries a default route, in a spare routing table: primary to the
+    agent's check (it reads every table) without ever risking the node's own interface,
+    should the check be broken. The route goes with the veth."""
+    for end in veth:
+        ip("link", "set", end, "up").check_returncode()
+    ip("route", "add", "default", "dev", veth[0], "table", "4242").check_returncode()
+    return veth[0]
+
+
+def test_the_nodes_own_default_route_interface_is_primary(cdi_dir: Path, state_dir: Path) -> None:
+    """The check alone, never a mount: the real default-route interface is refused."""
+    name = default_route_interface()
+    assert name is not None, "this host has no default route: the check has nothing to see"
+    engine = make_engine(cdi_dir, state_dir, ("*",))
+    with pytest.raises(NetdevRefused, match="primary"):
+        engine.netdevs.check(NetdevSpec(), name)
+
+
 @pytest.mark.parametrize(
     ("allow", "name", "error", "words"),
     [
@@ -202,9 +222,17 @@ def default_route_interface() -> str | None:
         (("*",), "nosuch0", NetdevNotFound, "not in the host's"),
         (("*",), "a/b", InvalidRequest, "not an interface name"),
     ],
-    ids=["default-route", "loopback", "not-allowed", "feature-off", "absent", "bad-name"],
+    ids=[
+        "spare-table-default-route",
+        "loopback",
+        "not-allowed",
+        "feature-off",
+        "absent",
+        "bad-name",
+    ],
 )
 def test_refused_interfaces_change_nothing(
+    request: pytest.FixtureRequest,
     cdi_dir: Path,
     state_dir: Path,
     box: RuncContainer,
@@ -214,12 +242,10 @@ def test_refused_interfaces_change_nothing(
     error: type[Exception],
     words: str,
 ) -> None:
-    if name == "primary" and default_route_interface() is None:
-        pytest.skip("this host has no default route")
-    name = {"primary": default_route_interface(), "veth": veth[0]}.get(name, name)
+    if name == "primary":
+        name = request.getfixturevalue("fake_primary")
+    name = {"veth": veth[0]}.get(name, name)
     engine = make_engine(cdi_dir, state_dir, allow)
-    # The check alone first: were it broken, the mount below would take the node's own
-    # interface off the network (it did once, before routes were read from every table).
     with pytest.raises(error, match=words):
         engine.netdevs.check(NetdevSpec(), name)
 
