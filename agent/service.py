@@ -49,7 +49,7 @@ from agent.schemas import (
     ReassignResult,
     UnmountResult,
 )
-from hotmount import claims, usage
+from hotmount import claims, companions, usage
 from hotmount import engine as eng
 from hotmount.claims import Claim, Footprint
 from hotmount.devices.model import Device
@@ -210,8 +210,15 @@ class NodeService:
             else:
                 assert request.devices is not None
                 devices = self.engine.inventory.resolve_all(request.devices)
+                rdma = request.rdma_options()
                 if not request.force:
-                    self._refuse_kubelet_allocated(devices, info, share)
+                    # The RDMA devices the engine will add ride along unnamed: the
+                    # kubelet's books are checked for them as for the GPUs.
+                    riders = companions.rdma_for(
+                        self.engine.inventory, devices, rdma["with_rdma"], rdma["rdma"] or ()
+                    )
+                    checked = [*devices, *(nic for nic, _ in riders.values())]
+                    self._refuse_kubelet_allocated(checked, info, share)
                 keys = [d.key for d in devices]
                 done = self._mount_each(
                     info,
@@ -222,7 +229,7 @@ class NodeService:
                     group,
                     share,
                     extra,
-                    rdma=request.rdma_options(),
+                    rdma=rdma,
                 )
             timeout = idle.timeout_of(extra)
             for container, each in done:

@@ -71,3 +71,32 @@ def test_bad_rdma_requests_change_nothing(
         assert refused.json()["kind"] == "Status" and words in refused.json()["message"]
         assert f"nvidia{GPUS[0].minor}" not in container.ls_dev()
         assert api.get(PODS).json()["containers"] == []
+
+
+@pytest.mark.parametrize(
+    "body", [{"devices": ["0"], "withRdma": True}, {"devices": ["0"], "rdma": ["rdma/mlx5_0"]}]
+)
+def test_an_rdma_nic_the_kubelet_gave_another_pod_is_refused(
+    cluster: Cluster, sys_root: Path, body: dict[str, object]
+) -> None:
+    """The kubelet gave mlx5_0 to another tenant's pod. A mount that names only GPU 0 but
+    brings its NIC along (withRdma, or rdma) must not hot-mount that NIC without force."""
+    container = cluster.pod("nb")
+    cluster.pod("trainer", namespace="team-b")
+    kubelet = cluster.kubelets["node-a"]
+    kubelet.set_allocation("team-b", "trainer", "main", "rdma/hca", ["rdma/mlx5_0"])
+    agent = cluster.agent(extra=["--sys-root", str(sys_root)])
+    with agent.client(ALICE) as api:
+        refused = api.post(PODS, json=body)
+
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["reason"] == "AllocatedToPod"
+        assert "team-b/trainer" in refused.json()["message"]
+        assert f"nvidia{GPUS[0].minor}" not in container.ls_dev()
+        assert container.exec("ls", "/dev/infiniband").stdout.split() == []
+        assert api.get(PODS).json()["containers"] == []
+
+        forced = api.post(PODS, json={**body, "force": True})
+
+        assert forced.status_code == 200, forced.text
+        assert "rdma/mlx5_0" in [d["key"] for d in forced.json()["mounted"]]
