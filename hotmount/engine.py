@@ -45,7 +45,7 @@ from hotmount.errors import (
 )
 from hotmount.hostfs import HostRoot
 from hotmount.ledger import ContainerRecord, DeviceRecord, Ledger, NodeRecord, PendingOp, now
-from hotmount.netdev_plan import NetdevSpec
+from hotmount.netdev_plan import NetdevRefused, NetdevSpec
 from hotmount.netdevs import Netdevs
 
 log = logging.getLogger(__name__)
@@ -384,10 +384,12 @@ class Engine:
             leaving = plan.nodes_to_remove(record, targets)
             stopped = self._check_use(container, record, targets, leaving, force)
             staying = [k for k in record.devices if k not in targets]
-            returned = self.netdevs.leaving(container.key, staying)  # interfaces first
             record.pending = PendingOp(op="unmount", devices=targets, nodes=leaving)
             self.ledger.save(record)
             removed = self._apply_unmount(record, container)
+            # Interfaces last: nodes gone and grants revoked first, no window between
+            # the in-use check and the revoke.
+            returned = self.netdevs.leaving(container.key, staying)
             log.info("unmounted %s from %s", targets, container.key)
             return UnmountResult(container.as_dict(), targets, missing, stopped, removed, returned)
 
@@ -582,6 +584,8 @@ class Engine:
         )
         self.netdevs.check(spec, name)
         container = ref if isinstance(ref, Container) else self.resolve(ref)
+        mounting = {d.key for d in devices} | set(riders)
+        self._check_netdev_owner(name, mounting, options["group"] or container.key)
         result = self.mount(container, device_refs, **options)
         try:
             container, alive = self._enter(container)
@@ -599,6 +603,19 @@ class Engine:
             raise
         result.netdevs = [name]
         return result
+
+    def _check_netdev_owner(self, name: str, mounting: set[str], group: str) -> None:
+        """An RDMA NIC's interface goes only with that NIC: in this mount, or already held
+        by the caller's group; else naming it would take it from whoever holds the NIC."""
+        for device in self.inventory.rdma_devices():
+            if name not in device.netdevs or device.key in mounting:
+                continue
+            held = any(c.device == device.key and c.group == group for c in self.ledger.claims())
+            if not held:
+                raise NetdevRefused(
+                    f"interface {name} belongs to RDMA device {device.key}: mount it with "
+                    "that device (rdma or withRdma), or hold the device already"
+                )
 
     def _sweep_claims(self) -> None:
         """Drop claims no record stands behind; rewrite unreadable ones from the record.

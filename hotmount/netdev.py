@@ -115,9 +115,20 @@ def links(ipr: IPRoute) -> list[LinkInfo]:
                     master=_attr(msg, "IFLA_MASTER"),
                     link=_attr(msg, "IFLA_LINK"),
                     kind=info.get_attr("IFLA_INFO_KIND") if info is not None else None,
+                    link_netnsid=_attr(msg, "IFLA_LINK_NETNSID"),
+                    perm_mac=_attr(msg, "IFLA_PERM_ADDRESS"),
                 )
             )
     return out
+
+
+def nsid_of(ipr: IPRoute, netns_fd: int) -> int | None:
+    """The id `ipr`'s namespace gives the namespace `netns_fd` (IFLA_LINK_NETNSID uses it);
+    None where it has given none (then no interface there points into it)."""
+    with failing_as("reading a namespace id"):
+        got = ipr.get_netnsid(fd=netns_fd)
+    nsid = (got or {}).get("nsid")
+    return None if nsid is None or not 0 <= nsid < 2**31 else nsid  # -1: none (u32)
 
 
 def default_route_oifs(ipr: IPRoute) -> set[int]:
@@ -158,16 +169,18 @@ def move(ipr: IPRoute, index: int, target_fd: int, new_name: str) -> None:
 
 def configure(
     ipr: IPRoute,
-    name: str,
+    name: str | int,
     *,
     rename: str | None = None,
     mtu: int | None = None,
     add: tuple[str, ...] | list[str] = (),
     up: bool | None = None,
 ) -> None:
-    """Rename, MTU, addresses, then the state, in the namespace `ipr` works in."""
+    """Rename, MTU, addresses, then the state, in the namespace `ipr` works in.
+
+    `name`: an ifindex (what a tenant cannot change under us), or a name on the host."""
     with failing_as(f"configuring interface {name}"):
-        found = ipr.link_lookup(ifname=name)
+        found = [name] if isinstance(name, int) else ipr.link_lookup(ifname=name)
         if not found:
             raise NetlinkFailed(f"interface {name} is not there")
         index = found[0]

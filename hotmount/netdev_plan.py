@@ -11,15 +11,20 @@ members). `lo` never moves.
 The move is recorded with intent before it happens (`phase`), so that after a
 crash reconcile finds where the interface is and finishes the job:
 
-| phase     | found in the container | found on the host (by MAC) | found nowhere |
+| phase     | found in the container | found on the host          | found nowhere |
 |-----------|------------------------|----------------------------|---------------|
 | attaching | move it back (rollback)| restore name and state     | forget it     |
-| attached  | keep (container alive) | restore name and state     | forget it     |
+| attached  | keep (netns alive)     | restore name and state     | forget it     |
 | detaching | move it back (forward) | restore name and state     | forget it     |
 
 When the container's network namespace dies the kernel destroys a virtual
 interface (veth, macvlan) and returns a physical one (a NIC, an SR-IOV VF) to
-the host under whatever name is free: hence "found on the host by MAC".
+the host under whatever name is free. Names and MACs are no proof of identity:
+the tenant (NET_ADMIN in its pod) picks names and MACs inside, and on the host
+an ipvlan, VLAN or passthru macvlan shares its parent's MAC. So an interface is
+ours only by what neither side can forge (`find_inside`, `find_returned`):
+its ifindex, kind and lower device as recorded at the move, a veth's host-side
+peer, a NIC's permanent MAC; a primary interface is never one.
 """
 
 from __future__ import annotations
@@ -68,10 +73,20 @@ class LinkInfo:
     master: int | None = None  # IFLA_MASTER: the bridge/bond it is enslaved to
     link: int | None = None  # IFLA_LINK: what it sits on (VLAN, macvlan parent; a veth's peer)
     kind: str | None = None  # IFLA_INFO_KIND: veth, macvlan, ... (None: a physical device)
+    link_netnsid: int | None = None  # IFLA_LINK_NETNSID: `link` is in that other namespace
+    perm_mac: str | None = None  # IFLA_PERM_ADDRESS: the NIC's burnt-in MAC, where known
 
 
 def primary_interfaces(links: Iterable[LinkInfo], default_oifs: Iterable[int]) -> set[str]:
-    """The node's own interfaces: default-route ones, what they sit on, their members."""
+    """The node's own interfaces' names: see `primary_indexes`."""
+    links = list(links)
+    by_index = {link.index: link for link in links}
+    return {by_index[i].name for i in primary_indexes(links, default_oifs)} | {"lo"}
+
+
+def primary_indexes(links: Iterable[LinkInfo], default_oifs: Iterable[int]) -> set[int]:
+    """The node's own interfaces: default-route ones, what they sit on, their members
+    (and loopback), by ifindex: a name can change between two listings, an index not."""
     links = list(links)
     by_index = {link.index: link for link in links}
     primary: set[int] = set()
@@ -86,7 +101,7 @@ def primary_interfaces(links: Iterable[LinkInfo], default_oifs: Iterable[int]) -
         if lower is not None and lower in by_index and by_index[index].kind != "veth":
             todo.append(lower)
         todo += [m.index for m in links if m.master == index]
-    return {by_index[i].name for i in primary} | {"lo"}
+    return primary | {link.index for link in links if link.name == "lo"}
 
 
 def check_allowed(name: str, allow: Iterable[str], primary: set[str]) -> None:
@@ -144,6 +159,13 @@ class NetdevRecord(BaseModel):
     up: bool  # before the move
     addresses: list[str] = Field(default_factory=list)  # before the move (the move drops them)
     with_devices: list[str] = Field(default_factory=list)  # it leaves with the last of these
+    # What identifies it, recorded at the move (None in records written before these):
+    kind: str | None = None  # IFLA_INFO_KIND on the host; None: physical
+    perm_mac: str | None = None  # IFLA_PERM_ADDRESS, where the kernel gives one
+    host_index: int | None = None  # its ifindex on the host before the move
+    lower: int | None = None  # host ifindex of its veth peer, or of what it sits on
+    inside_index: int | None = None  # its ifindex in the container, right after the move
+    netns_ino: int | None = None  # the container's netns inode (it outlives a restart)
 
 
 class Action(StrEnum):
@@ -153,14 +175,75 @@ class Action(StrEnum):
     FORGET = "forget"  # gone: destroyed with the namespace
 
 
-def find(links: Iterable[LinkInfo], record: NetdevRecord, name: str) -> LinkInfo | None:
-    """The record's interface among `links`: by MAC where it has one, else by `name`."""
+def find_inside(
+    links: Iterable[LinkInfo],
+    record: NetdevRecord,
+    host_nsid: int | None,
+    host_links: Iterable[LinkInfo],
+) -> LinkInfo | None:
+    """Our interface in the container's namespace, proven by what the tenant cannot forge.
+
+    Never by name or MAC (the tenant sets both). A virtual one sits on (or, a veth, is
+    paired with) the recorded host interface: its lower must be that ifindex *in the
+    host's namespace* (`host_nsid`, the host as the container numbers it), and a veth's
+    host-side peer must point back at it. A physical one must be physical (the tenant
+    cannot make one) and keep its permanent MAC. With `inside_index` recorded, only that
+    ifindex counts. None when nothing, or more than one thing, qualifies.
+    """
+    host_by_index = {link.index: link for link in host_links}
+    found = []
+    for link in links:
+        if record.inside_index is not None and link.index != record.inside_index:
+            continue
+        if link.kind != record.kind or link.name == "lo":
+            continue
+        if record.kind is None:
+            if record.perm_mac and link.perm_mac and link.perm_mac != record.perm_mac:
+                continue
+            if not (record.perm_mac and link.perm_mac) and link.mac != record.mac:
+                continue
+        else:
+            if record.lower is None or link.link != record.lower:
+                continue
+            if host_nsid is None or link.link_netnsid != host_nsid:
+                continue
+            if record.kind == "veth":
+                peer = host_by_index.get(record.lower)
+                if peer is None or peer.kind != "veth" or peer.link != link.index:
+                    continue
+        found.append(link)
+    return found[0] if len(found) == 1 else None
+
+
+def find_returned(
+    links: Iterable[LinkInfo], record: NetdevRecord, primary: set[int]
+) -> LinkInfo | None:
+    """Our interface back on the host, or None (then the record is forgotten).
+
+    Never a primary interface. The interface itself where it still has its recorded
+    host ifindex, kind and lower (it never left, or came back by our hand or the
+    kernel's with its index). Else only a physical one the kernel returned: of the
+    recorded MAC, which no other interface on the host shares (an ipvlan's, VLAN's or
+    passthru macvlan's parent has its child's MAC), and of the recorded permanent MAC
+    where the kernel gives one. A virtual one is destroyed with the namespace, never
+    returned: a same-MAC interface on the host is something else.
+    """
     links = list(links)
-    if record.mac:
-        found = [link for link in links if link.mac == record.mac]
-        named = [link for link in found if link.name == name]
-        return (named or found or [None])[0]
-    return next((link for link in links if link.name == name), None)
+    mine = [link for link in links if link.index not in primary and link.name != "lo"]
+    if record.host_index is not None:
+        for link in mine:
+            same = link.index == record.host_index and link.kind == record.kind
+            if same and link.link == record.lower and link.mac == record.mac:
+                return link
+    if record.kind is not None or not record.mac:
+        return None
+    same_mac = [link for link in links if link.mac == record.mac]
+    if len(same_mac) != 1 or same_mac[0] not in mine or same_mac[0].kind is not None:
+        return None
+    [link] = same_mac
+    if record.perm_mac and link.perm_mac and record.perm_mac != link.perm_mac:
+        return None
+    return link
 
 
 def decide(
@@ -172,6 +255,15 @@ def decide(
     if on_host is not None:
         return Action.RESTORE
     return Action.FORGET
+
+
+def netns_holder(record: NetdevRecord, inodes: Iterable[tuple[int, int]]) -> int | None:
+    """A process still in the record's network namespace, given (PID, netns inode) pairs:
+    the namespace outlives a dead init while one holds it (a pod's sandbox, whose
+    container restarts), and so does the interface in it."""
+    if record.netns_ino is None:
+        return None
+    return next((pid for pid, ino in inodes if ino == record.netns_ino), None)
 
 
 @dataclass(frozen=True)

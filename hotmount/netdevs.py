@@ -24,6 +24,7 @@ from hotmount.errors import ContainerNotFound, HotmountError, KernelError, NotFo
 from hotmount.hostfs import HostRoot
 from hotmount.netdev_plan import (
     Action,
+    LinkInfo,
     NetdevConflict,
     NetdevRecord,
     NetdevRefused,
@@ -32,7 +33,10 @@ from hotmount.netdev_plan import (
     check_allowed,
     check_name,
     decide,
-    find,
+    find_inside,
+    find_returned,
+    netns_holder,
+    primary_indexes,
     primary_interfaces,
     restore_plan,
 )
@@ -96,11 +100,19 @@ class Netdevs:
         check_name(spec.inside, "inside name")
         check_addresses(spec.addresses)
         with self._host() as ipr:
-            links = netdev.links(ipr)
-            primary = primary_interfaces(links, netdev.default_route_oifs(ipr))
-        check_allowed(name, self.allow, primary)
-        if not any(link.name == name for link in links):
+            self._allowed_link(netdev.links(ipr), netdev.default_route_oifs(ipr), name)
+
+    def _allowed_link(self, links: list[LinkInfo], oifs: set[int], name: str) -> LinkInfo:
+        """The link called `name` in this one listing, checked against the primary set
+        and the allow-list computed from the same listing (by ifindex: a name can pass
+        to another interface between two listings)."""
+        check_allowed(name, self.allow, primary_interfaces(links, oifs))
+        found = [link for link in links if link.name == name]
+        if not found:
             raise NetdevNotFound(f"interface {name} is not in the host's network namespace")
+        if found[0].index in primary_indexes(links, oifs):
+            raise NetdevRefused(f"interface {name} is one of the node's primary interfaces")
+        return found[0]
 
     def choose(self, candidates: Iterable[str]) -> str:
         """`withNetdev` without a name: the first of the NIC's interfaces the allow-list
@@ -136,7 +148,8 @@ class Netdevs:
             if any(link.name == spec.inside for link in netdev.links(inside)):
                 raise NetdevConflict(f"container {container} already has an {spec.inside}")
             with self._host() as host:
-                [link] = [link for link in netdev.links(host) if link.name == name]
+                links = netdev.links(host)
+                link = self._allowed_link(links, netdev.default_route_oifs(host), name)
                 record = NetdevRecord(
                     container=container,
                     init_pid=init_pid,
@@ -149,12 +162,22 @@ class Netdevs:
                     up=link.up,
                     addresses=netdev.addresses(host, link.index),
                     with_devices=with_devices,
+                    kind=link.kind,
+                    perm_mac=link.perm_mac,
+                    host_index=link.index,
+                    lower=link.link,
+                    netns_ino=os.fstat(ns_fd).st_ino,
                 )
                 self._save(record)  # intent first: a crash from here on is reconciled
                 try:
                     netdev.move(host, link.index, ns_fd, spec.inside)
-                    netdev.configure(inside, spec.inside, mtu=spec.mtu, up=True)
-                    _add_addresses(inside, spec.inside, spec.addresses)
+                    moved = self._find_inside(record, inside, host)
+                    if moved is None:
+                        raise NetdevConflict(f"interface {name} cannot be found after the move")
+                    record.inside_index = moved.index
+                    self._save(record)
+                    netdev.configure(inside, moved.index, mtu=spec.mtu, up=True)
+                    _add_addresses(inside, moved.index, spec.addresses)
                 except BaseException:
                     self._undo(record, inside, host)
                     raise
@@ -169,7 +192,7 @@ class Netdevs:
         self._save(record)
         try:
             with (
-                self._container_ns(record.init_pid, record.init_start_time) as ns_fd,
+                self._record_ns(record) as ns_fd,
                 netdev.rtnl(ns_fd) as inside,
                 self._host() as host,
             ):
@@ -193,16 +216,27 @@ class Netdevs:
     def _undo(
         self, record: NetdevRecord, inside: IPRoute, host: IPRoute, quiet: bool = True
     ) -> None:
-        """Wherever it is, give it back its host name and state."""
+        """Wherever it is, give it back its host name and state. Only the interface proven
+        ours moves (find_inside): never one the tenant named or addressed like it."""
         try:
-            found = find(netdev.links(inside), record, record.inside)
+            found = self._find_inside(record, inside, host)
+            back = None
             if found is not None:
                 host_ns = self._host_ns_fd()
                 try:
                     netdev.move(inside, found.index, host_ns, record.host_name)
                 finally:
                     os.close(host_ns)
-            self._restore(record, host)
+                # We just gave it this name on the host, where the tenant has no hand.
+                back = next((x for x in netdev.links(host) if x.name == record.host_name), None)
+            elif not quiet and find_returned(netdev.links(host), record, set()) is None:
+                raise NetdevConflict(
+                    f"interface {record.host_name} is not in container {record.container} "
+                    "as it was moved in (the same ifindex, kind and host-side peer or "
+                    "parent): nothing was moved back; reconcile forgets it once the "
+                    "container's network namespace is gone"
+                )
+            self._restore(record, host, back)
         except HotmountError as exc:
             if not quiet:
                 raise
@@ -210,17 +244,26 @@ class Netdevs:
             return
         self._drop(record)
 
-    def _restore(self, record: NetdevRecord, host: IPRoute) -> None:
+    def _find_inside(self, record: NetdevRecord, inside: IPRoute, host: IPRoute) -> LinkInfo | None:
+        host_ns = self._host_ns_fd()
+        try:
+            host_nsid = netdev.nsid_of(inside, host_ns)
+        finally:
+            os.close(host_ns)
+        return find_inside(netdev.links(inside), record, host_nsid, netdev.links(host))
+
+    def _restore(self, record: NetdevRecord, host: IPRoute, now: LinkInfo | None = None) -> None:
         links = netdev.links(host)
-        now = find(links, record, record.host_name)
+        if now is None:
+            primary = primary_indexes(links, netdev.default_route_oifs(host))
+            now = find_returned(links, record, primary)
         if now is None:
             return
         taken = {link.name for link in links if link.index != now.index}
         steps = restore_plan(record, now, taken)
-        netdev.configure(host, now.name, rename=steps.rename, mtu=steps.mtu)
-        name = steps.rename or now.name
-        _add_addresses(host, name, steps.addresses)
-        netdev.configure(host, name, up=steps.up)
+        netdev.configure(host, now.index, rename=steps.rename, mtu=steps.mtu)
+        _add_addresses(host, now.index, steps.addresses)
+        netdev.configure(host, now.index, up=steps.up)
 
     # -- reconcile
     def reconcile(self, lock: Callable[[str], AbstractContextManager[None]]) -> list[str]:
@@ -247,17 +290,21 @@ class Netdevs:
             ns_fd = None
             if alive is not False:
                 try:
-                    ns_fd = stack.enter_context(
-                        self._container_ns(record.init_pid, record.init_start_time)
-                    )
+                    ns_fd = stack.enter_context(self._record_ns(record))
                 except ContainerNotFound:
                     ns_fd = None
             inside = stack.enter_context(netdev.rtnl(ns_fd)) if ns_fd is not None else None
-            if inside is not None:
-                in_container = find(netdev.links(inside), record, record.inside)
             host = stack.enter_context(self._host())
-            on_host = find(netdev.links(host), record, record.host_name)
+            if inside is not None:
+                in_container = self._find_inside(record, inside, host)
+            links = netdev.links(host)
+            primary = primary_indexes(links, netdev.default_route_oifs(host))
+            on_host = find_returned(links, record, primary)
             action = decide(record, inside is not None, in_container, on_host)
+            if inside is not None and in_container is None and on_host is None:
+                # The namespace lives on, and what is in it is not proven ours (the tenant
+                # renamed or replaced it): keep the record until the namespace is gone.
+                action = Action.KEEP
             if action is Action.MOVE_BACK:
                 self._undo(record, inside, host, quiet=False)
             elif action is Action.RESTORE:
@@ -271,15 +318,26 @@ class Netdevs:
 
     def _host_ns_fd(self) -> int:
         """The host's network namespace: its init's (hostPID: the agent's pod need not be
-        hostNetwork), else, where PID 1's namespaces cannot be opened, the agent's own."""
-        for path in (self.host.path("/proc/1/ns/net"), Path("/proc/self/ns/net")):
-            try:
-                return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except PermissionError:
-                continue
-            except OSError as exc:
-                raise KernelError(f"opening {path}: {exc.strerror}") from exc
-        raise KernelError("the host's network namespace cannot be opened")
+        hostNetwork); where PID 1 refuses (a sandbox's init may be non-dumpable: EACCES
+        even to root, on open and readlink alike), kthreadd's (PID 2, a kernel thread:
+        kernel threads live in the initial namespace). Never a guess: neither, an error."""
+        path = self.host.path("/proc/1/ns/net")
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except PermissionError:
+            pass
+        except OSError as exc:
+            raise KernelError(f"opening {path}: {exc.strerror}") from exc
+        kthreadd = self.host.path("/proc/2")
+        try:
+            if not _is_kernel_thread(kthreadd):
+                raise KernelError(f"{kthreadd} is not kthreadd")
+            return os.open(kthreadd / "ns" / "net", os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, ValueError, IndexError) as exc:
+            raise KernelError(
+                f"the host's network namespace cannot be opened ({path}: permission denied; "
+                f"kthreadd's: {exc}): run the agent with hostPID and CAP_SYS_PTRACE"
+            ) from exc
 
     @contextlib.contextmanager
     def _host(self) -> Iterator[IPRoute]:
@@ -289,6 +347,45 @@ class Netdevs:
                 yield ipr
         finally:
             os.close(fd)
+
+    @contextlib.contextmanager
+    def _record_ns(self, record: NetdevRecord) -> Iterator[int]:
+        """The namespace the interface went into: through its init while that lives, else
+        through any process still in it (a restarted container's sandbox keeps it)."""
+        with contextlib.ExitStack() as stack:
+            try:
+                fd = stack.enter_context(
+                    self._container_ns(record.init_pid, record.init_start_time)
+                )
+            except ContainerNotFound:
+                if record.netns_ino is None:
+                    raise
+                fd = stack.enter_context(self._holder_ns(record))
+            yield fd
+
+    @contextlib.contextmanager
+    def _holder_ns(self, record: NetdevRecord) -> Iterator[int]:
+        holder = netns_holder(record, self._netns_inodes())
+        if holder is None:
+            raise ContainerNotFound(f"the network namespace of {record.container} is gone")
+        try:
+            fd = os.open(self.host.path(f"/proc/{holder}/ns/net"), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ContainerNotFound(f"PID {holder} has exited") from exc
+        try:
+            if os.fstat(fd).st_ino != record.netns_ino:
+                raise ContainerNotFound(f"PID {holder} left the namespace of {record.container}")
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _netns_inodes(self) -> Iterator[tuple[int, int]]:
+        """(PID, netns inode) of every process (read only for records whose init died)."""
+        proc = self.host.path("/proc")
+        for entry in os.scandir(proc):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    yield int(entry.name), os.stat(f"{entry.path}/ns/net").st_ino
 
     @contextlib.contextmanager
     def _container_ns(self, pid: int, start_time: int) -> Iterator[int]:
@@ -317,7 +414,12 @@ class Netdevs:
             os.close(fd)
 
 
-def _add_addresses(ipr: IPRoute, name: str, addresses: Iterable[str]) -> None:
+def _is_kernel_thread(proc: Path) -> bool:
+    flags = int((proc / "stat").read_text().rpartition(")")[2].split()[6])
+    return bool(flags & 0x00200000)  # PF_KTHREAD
+
+
+def _add_addresses(ipr: IPRoute, name: str | int, addresses: Iterable[str]) -> None:
     for address in addresses:
         try:
             netdev.configure(ipr, name, add=[address])

@@ -159,7 +159,7 @@ def test_a_crash_mid_attach_is_rolled_back_by_reconcile(
     engine: Engine, box: RuncContainer, veth: tuple[str, str]
 ) -> None:
     """The intent was written, the interface moved, then the agent died."""
-    a, _ = veth
+    a, b = veth
     shown = link(a)
     assert shown is not None
     engine.netdevs._save(
@@ -175,6 +175,10 @@ def test_a_crash_mid_attach_is_rolled_back_by_reconcile(
             mac=str(shown["address"]),
             mtu=1500,
             up=False,
+            kind="veth",
+            host_index=int(shown["ifindex"]),
+            lower=int(link(b)["ifindex"]),  # type: ignore[index]
+            netns_ino=os.stat(f"/proc/{box.pid}/ns/net").st_ino,
         )
     )
     ip("link", "set", a, "netns", str(box.pid), "name", "net1")

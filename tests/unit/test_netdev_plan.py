@@ -15,7 +15,10 @@ from hotmount.netdev_plan import (
     check_addresses,
     check_allowed,
     decide,
-    find,
+    find_inside,
+    find_returned,
+    netns_holder,
+    primary_indexes,
     primary_interfaces,
     restore_plan,
 )
@@ -130,11 +133,117 @@ def test_a_returned_physical_interface_is_found_by_mac_whatever_it_is_called() -
     # taken; a different interface called ens1f0v0 meanwhile has another MAC.
     host = [
         LinkInfo(3, "eth0", mac="02:00:00:00:00:01"),
-        LinkInfo(7, "dev7", mac="02:00:00:00:00:07", mtu=1500),
+        LinkInfo(17, "dev7", mac="02:00:00:00:00:07", mtu=1500),
     ]
-    found = find(host, record(), "ens1f0v0")
-    assert found is not None and found.index == 7
-    assert find([LinkInfo(9, "ens1f0v0", mac="02:00:00:00:00:99")], record(), "ens1f0v0") is None
+    found = find_returned(host, record(), primary=set())
+    assert found is not None and found.index == 17
+    other = [LinkInfo(9, "ens1f0v0", mac="02:00:00:00:00:99")]
+    assert find_returned(other, record(), primary=set()) is None
+
+
+ETH0 = LinkInfo(2, "eth0", mac="02:00:00:00:00:07")
+
+
+@pytest.mark.parametrize(
+    ("host", "changes"),
+    [
+        # ipvl0 (on eth0, same MAC) went into the pod and died with it: eth0 is left.
+        ([ETH0], {"kind": "ipvlan", "host_index": 30, "lower": 2}),
+        # A VLAN or a passthru macvlan likewise.
+        ([ETH0], {"kind": "vlan", "host_index": 30, "lower": 2}),
+        ([ETH0], {"kind": "macvlan", "host_index": 30, "lower": 2}),
+        # A physical VF whose MAC the host's primary interface carries too (a bond).
+        ([ETH0, LinkInfo(31, "dev7", mac="02:00:00:00:00:07")], {}),
+        # A physical one, but the only same-MAC link is primary.
+        ([ETH0], {}),
+        # A physical one, but the same-MAC link is virtual.
+        ([LinkInfo(32, "x", mac="02:00:00:00:00:07", kind="macvlan", link=5)], {}),
+        # A physical one whose permanent MAC differs (a NIC given the VF's MAC).
+        (
+            [LinkInfo(33, "ens9", mac="02:00:00:00:00:07", perm_mac="0c:42:a1:00:00:01")],
+            {"perm_mac": "0c:42:a1:00:00:07"},
+        ),
+    ],
+    ids=[
+        "ipvlan-parent",
+        "vlan-parent",
+        "macvlan-parent",
+        "mac-shared",
+        "primary",
+        "virtual",
+        "perm-mac",
+    ],
+)
+def test_reconcile_never_restores_an_interface_it_cannot_prove_ours(
+    host: list[LinkInfo], changes: dict[str, object]
+) -> None:
+    primary = primary_indexes(host, default_oifs=[2])
+    assert find_returned(host, record(**changes), primary) is None
+    assert decide(record(**changes), False, None, None) is Action.FORGET
+
+
+def test_an_interface_still_on_the_host_under_its_index_is_found_even_virtual() -> None:
+    """A crash before the move (or after the move back): it is where it was."""
+    veth = LinkInfo(30, "hm1a", mac="02:00:00:00:00:07", kind="veth", link=31)
+    mine = record(kind="veth", host_index=30, lower=31)
+    assert find_returned([ETH0, veth], mine, primary={2}) == veth
+    assert find_returned([ETH0, veth], mine, primary={2, 30}) is None  # never primary
+    assert find_returned([veth], record(kind="veth", host_index=30, lower=99), set()) is None
+
+
+def test_a_physical_returned_interface_matching_its_permanent_mac_is_restored() -> None:
+    nic = LinkInfo(33, "ens9", mac="02:00:00:00:00:07", perm_mac="0c:42:a1:00:00:07")
+    assert find_returned([nic], record(perm_mac="0c:42:a1:00:00:07"), set()) == nic
+
+
+# Inside the pod: net1 (ifindex 5) is our veth whose host peer is ifindex 31; the pod
+# numbers the host's namespace 0.
+PEER = LinkInfo(31, "hm1b", kind="veth", link=5, link_netnsid=0)
+OURS = LinkInfo(5, "net1", mac="02:00:00:00:00:07", kind="veth", link=31, link_netnsid=0)
+VETH = record(kind="veth", host_index=30, lower=31, inside_index=5)
+
+
+def test_inside_the_veth_is_found_by_index_and_peer_whatever_the_tenant_named_it() -> None:
+    renamed = LinkInfo(5, "gone", mac="02:00:00:00:00:99", kind="veth", link=31, link_netnsid=0)
+    decoy = LinkInfo(9, "net1", mac="02:00:00:00:00:07", kind="veth", link=10)
+    assert find_inside([renamed, decoy], VETH, host_nsid=0, host_links=[PEER]) == renamed
+
+
+@pytest.mark.parametrize(
+    "decoy",
+    [
+        # The tenant deleted ours (the peer goes too) and made a veth pair with its index.
+        LinkInfo(5, "net1", mac="02:00:00:00:00:07", kind="veth", link=31),
+        # ... whose peer it moved into another namespace of its own.
+        LinkInfo(5, "net1", mac="02:00:00:00:00:07", kind="veth", link=31, link_netnsid=3),
+        # A macvlan, a dummy: another kind.
+        LinkInfo(5, "net1", mac="02:00:00:00:00:07", kind="dummy"),
+    ],
+    ids=["same-ns-peer", "other-ns-peer", "other-kind"],
+)
+def test_inside_a_decoy_is_never_ours(decoy: LinkInfo) -> None:
+    assert find_inside([decoy], VETH, host_nsid=0, host_links=[PEER]) is None
+    # Without the host peer pointing back at it, not even ours is.
+    assert find_inside([OURS], VETH, host_nsid=0, host_links=[]) is None
+
+
+def test_inside_a_physical_interface_is_matched_by_its_permanent_mac() -> None:
+    nic = record(host_index=40, inside_index=6, perm_mac="0c:42:a1:00:00:07")
+    ours = LinkInfo(6, "net1", mac="02:00:00:00:00:55", perm_mac="0c:42:a1:00:00:07")
+    assert find_inside([ours], nic, host_nsid=None, host_links=[]) == ours
+    other = LinkInfo(6, "net1", mac="02:00:00:00:00:07", perm_mac="0c:42:a1:00:00:99")
+    assert find_inside([other], nic, host_nsid=None, host_links=[]) is None
+
+
+def test_a_namespace_outlives_its_init_while_a_process_holds_it() -> None:
+    """A restarted container: the init died, the sandbox still holds the namespace."""
+    mine = record(netns_ino=4026532999)
+    assert netns_holder(mine, [(1, 4026531833), (77, 4026532999)]) == 77
+    assert netns_holder(mine, [(1, 4026531833)]) is None
+    assert netns_holder(record(), [(77, 4026532999)]) is None  # an old record: no inode
+    # Found through its holder, the interface is kept; with the namespace gone, forgotten.
+    assert decide(mine, True, OURS, None) is Action.KEEP
+    assert decide(mine, False, None, None) is Action.FORGET
 
 
 def test_restore_plan_renames_and_restores_mtu_state_and_addresses() -> None:
