@@ -124,6 +124,12 @@ class AgentSettings(BaseSettings):
         ge=0,
         description="seconds a mount, unmount or move waits in line for a slot; then 429",
     )
+    max_mutating_per_caller: int = Field(
+        default=4,
+        ge=1,
+        description="mounts, unmounts and moves one user may have waiting or at work at "
+        "once; more get 429 at once (one caller cannot fill the line)",
+    )
     max_requests: int = Field(
         default=64,
         ge=1,

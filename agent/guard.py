@@ -9,7 +9,11 @@ caller it does not know, and a busy agent still answers its probes:
 3. bound concurrency: at most `max_requests` API calls in the agent at once, past which
    429 with Retry-After; among them at most `max_mutating` mutating ones (anything but
    GET/HEAD/OPTIONS) at work, the others waiting in line (first come, first served, no
-   worker thread held) up to `mutating_wait` seconds for a slot, then 429 as well.
+   worker thread held) up to `mutating_wait` seconds for a slot, then 429 as well;
+4. bound each caller: one authenticated user may have at most `max_mutating_per_caller`
+   mutating calls waiting or at work, past which 429 at once (body unread). The line is
+   taken before the route's authorization, so without this bound any authenticated
+   caller, even one with no RBAC at all, could hold every slot and starve the others.
 
 Probes, metrics and the OpenAPI document are public and skip all three: the kubelet's
 probes must answer however many workers are tied up in slow mounts.
@@ -47,6 +51,7 @@ class Limits:
     max_requests: int = 64
     max_mutating: int = 8
     mutating_wait: float = 10.0  # seconds a mutating call waits in line for a slot
+    max_mutating_per_caller: int = 4  # one user's mutating calls waiting or at work
 
 
 class _BodyTooLarge(HTTPException):
@@ -68,6 +73,7 @@ class Guard:
         self.requests = 0  # in the agent (waiting or at work); event loop only, so no lock
         self.mutating = 0  # mutating calls at work
         self.waiting = 0  # mutating calls in line for a slot
+        self.per_caller: dict[str, int] = {}  # user -> mutating calls waiting or at work
         self._slots: anyio.Semaphore | None = None  # made on the loop, at the first call
         if metrics is not None:
             metrics.requests_in_agent.set_function(lambda: self.requests)
@@ -89,6 +95,8 @@ class Guard:
             self._check_length(scope)
             mutating = scope["method"] not in SAFE_METHODS
             self._check_requests()
+            if mutating:
+                self._check_caller(identity.name)
         except ApiError as exc:
             await _answer(exc, scope, receive, send)
             return
@@ -97,6 +105,14 @@ class Guard:
             if not mutating:
                 await self._bounded(scope, receive, send)
                 return
+            await self._mutate(identity.name, scope, receive, send)
+        finally:
+            self.requests -= 1
+
+    async def _mutate(self, caller: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """A mutating call: counted against its caller from the line to the answer."""
+        self.per_caller[caller] = self.per_caller.get(caller, 0) + 1
+        try:
             if not await self._take_slot():
                 await _answer(self._too_many_mutating(), scope, receive, send)
                 return
@@ -108,7 +124,11 @@ class Guard:
                 assert self._slots is not None
                 self._slots.release()
         finally:
-            self.requests -= 1
+            left = self.per_caller[caller] - 1
+            if left:
+                self.per_caller[caller] = left
+            else:
+                del self.per_caller[caller]  # no entry kept per user who has gone
 
     async def _take_slot(self) -> bool:
         """Wait in line for a mutating slot, up to `mutating_wait` seconds."""
@@ -142,6 +162,15 @@ class Guard:
         if self.requests >= self.limits.max_requests:
             raise TooManyRequests(
                 f"the agent is serving {self.requests} calls, its limit; retry shortly",
+                RETRY_AFTER_SECONDS,
+            )
+
+    def _check_caller(self, caller: str) -> None:
+        if self.per_caller.get(caller, 0) >= self.limits.max_mutating_per_caller:
+            raise TooManyRequests(
+                f"{caller} already has {self.limits.max_mutating_per_caller} mounts, "
+                "unmounts or moves waiting or at work, the limit per caller; retry when "
+                "one is answered",
                 RETRY_AFTER_SECONDS,
             )
 

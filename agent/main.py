@@ -133,6 +133,7 @@ def create_app(
         settings.max_requests,
         settings.max_mutating,
         settings.mutating_wait,
+        settings.max_mutating_per_caller,
     )
     app.add_middleware(Guard, authenticator=app.state.authenticator, limits=limits, metrics=metrics)
     app.add_middleware(logs.RequestIdMiddleware)  # outermost: logs the guard's refusals too

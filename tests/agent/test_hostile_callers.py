@@ -19,6 +19,7 @@ regression fails instead of hanging; no assertion depends on timing.
 from __future__ import annotations
 
 import json
+import queue
 import socket
 import threading
 import time
@@ -29,10 +30,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.agent.conftest import ALICE, Cluster
+from tests.agent.conftest import ALICE, BOB, Cluster
 from tests.agent.test_auth import assert_status
 from tests.fakes.kube_apiserver import Stall
-from tests.support.agent import AgentProcess, agent_pod_manifest, pod_manifest
+from tests.support.agent import GPUS, AgentProcess, agent_pod_manifest, pod_manifest
 
 pytestmark = pytest.mark.kernel
 MOUNT = "/v1/namespaces/default/pods/nb/devices"
@@ -157,7 +158,8 @@ def test_bodies_over_the_cap_get_413_without_being_read_whole(cluster: Cluster) 
 def test_probes_answer_while_every_worker_is_stuck(cluster: Cluster) -> None:
     """45 mounts hang on a stalled API server: more than the agent has worker threads (40)."""
     cluster.kube.put_pod(pod_manifest("nb", None))
-    agent = cluster.agent(extra=[*STUCK, "--max-mutating", "64", "--max-requests", "64"])
+    bounds = ["--max-mutating", "64", "--max-requests", "64", "--max-mutating-per-caller", "64"]
+    agent = cluster.agent(extra=[*STUCK, *bounds])
     stall = cluster.kube.stall(verb="get", resource="pods")
     with in_flight(agent, stall, 45):
         assert stall.wait_arrived(40), f"only {stall.arrived} calls reached the API server"
@@ -227,6 +229,72 @@ def test_a_mutating_call_past_the_bound_waits_in_line_and_is_served(cluster: Clu
     assert stall.arrived == 2  # it ran once the first call freed the slot
     assert [a.status_code for a in first] == [answer.status_code]
     assert gauge(agent, "hotmount_mutating_waiting") == 0
+
+
+def test_a_mutating_call_that_waits_past_mutating_wait_gets_429_not_a_late_answer(
+    cluster: Cluster,
+) -> None:
+    """A call still in line after --mutating-wait is refused then: it must not run later,
+    once the slot frees, for a caller that has already been told to retry."""
+    cluster.kube.put_pod(pod_manifest("nb", None))
+    agent = cluster.agent(extra=[*STUCK, "--max-mutating", "1", "--mutating-wait", "0.5"])
+    stall = cluster.kube.stall(verb="get", resource="pods")
+    with in_flight(agent, stall, 1) as first:
+        assert stall.wait_arrived(1)
+        with agent.client(ALICE) as alice:
+            late = alice.post(MOUNT, json={"devices": ["1"]})
+
+        refused = assert_status(late, 429, "TooManyRequests")
+        assert late.headers["retry-after"] == "1"
+        assert "0.5 s in line" in refused["message"]
+        assert gauge(agent, "hotmount_mutating_waiting") == 0
+    assert [a.status_code for a in first] != [429]
+    assert stall.arrived == 1, "the refused call must never reach the API server"
+
+
+def test_one_caller_cannot_fill_the_mutating_line(cluster: Cluster) -> None:
+    """bob (no RBAC at all) floods mounts that hang in their authorization. He gets at most
+    --max-mutating-per-caller of them in the agent, the rest 429 at once; alice's mount
+    still gets a slot and is served."""
+    nb = cluster.pod("nb")
+    agent = cluster.agent(extra=[*STUCK, "--authz-cache-ttl", "600"])  # 8 slots, 4 per caller
+    with agent.client(ALICE) as alice:
+        warm = alice.post(MOUNT, json={"devices": ["0"]})  # alice's decision is cached
+        assert warm.status_code == 200, warm.text
+    stall = cluster.kube.stall(verb="create", api_group="*", resource="subjectaccessreviews")
+    answers: queue.Queue[httpx.Response | Exception] = queue.Queue()
+
+    def flood() -> None:
+        try:
+            with agent.client(BOB) as bob:
+                answers.put(bob.post(MOUNT, json={"devices": ["1"]}))
+        except httpx.HTTPError as exc:
+            answers.put(exc)
+
+    threads = [threading.Thread(target=flood) for _ in range(8)]  # as many as the slots
+    for thread in threads:
+        thread.start()
+    try:
+        assert stall.wait_arrived(4)
+        for _ in range(4):  # the four past bob's bound, answered without waiting
+            refused = answers.get(timeout=30)
+            assert isinstance(refused, httpx.Response), refused
+            body = assert_status(refused, 429, "TooManyRequests")
+            assert refused.headers["retry-after"] == "1"
+            assert "limit per caller" in body["message"]
+        assert stall.arrived == 4
+
+        with agent.client(ALICE) as alice:
+            served = alice.post(MOUNT, json={"devices": ["1"]})
+
+        assert served.status_code == 200, served.text
+        assert f"nvidia{GPUS[1].minor}" in nb.ls_dev()
+    finally:
+        stall.release()
+        for thread in threads:
+            thread.join()
+    late = [answers.get_nowait() for _ in range(4)]
+    assert [getattr(a, "status_code", a) for a in late] == [403] * 4
 
 
 def test_calls_past_the_overall_bound_get_429(cluster: Cluster) -> None:
