@@ -16,11 +16,13 @@ request, so plugin tokens are refreshed when they expire.
 from __future__ import annotations
 
 import base64
+import ipaddress
 import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from cli.errors import DEFAULT_TIMEOUT, HotmountClientError, make_status
 
@@ -175,11 +177,18 @@ def _static_configuration(merged: _Merged, entry: dict[str, Any]) -> StaticConfi
         )
         cfg.cert_data = _bytes(_data(user, "client-certificate"))
         cfg.key_data = _bytes(_data(user, "client-key"))
-        # Relative to the cluster's file, as the official loader has it.
-        cfg.cert_file = None if cfg.cert_data else _file(user, "client-certificate", cluster_dir)
-        cfg.key_file = None if cfg.key_data else _file(user, "client-key", cluster_dir)
-    if "insecure-skip-tls-verify" in cluster:
-        cfg.verify_ssl = not cluster["insecure-skip-tls-verify"]
+        # Relative to the user's own file, as kubectl has it (each entry's relative
+        # paths against the file that defined it; the official Python loader uses the
+        # cluster's file, which in a merged list may be another directory).
+        cfg.cert_file = None if cfg.cert_data else _file(user, "client-certificate", user_dir)
+        cfg.key_file = None if cfg.key_data else _file(user, "client-key", user_dir)
+    skip = cluster.get("insecure-skip-tls-verify", False)
+    if not isinstance(skip, bool):  # a YAML string "false" is truthy: never guess
+        raise ValueError(
+            f"cluster {cluster_name!r}: insecure-skip-tls-verify must be true or false "
+            f"(a YAML boolean), not {skip!r}"
+        )
+    cfg.verify_ssl = not skip
     cfg.tls_server_name = cluster.get("tls-server-name")
     cfg.proxy = cluster.get("proxy-url")
     token = user.get("token")
@@ -190,7 +199,27 @@ def _static_configuration(merged: _Merged, entry: dict[str, Any]) -> StaticConfi
     elif "username" in user and "password" in user:
         basic = base64.b64encode(f"{user['username']}:{user['password']}".encode()).decode()
         cfg.authorization = f"Basic {basic}"
+    if cfg.authorization:
+        refuse_plain_credentials(cfg.host, f"the credentials of cluster {cluster_name!r}")
     return cfg
+
+
+def refuse_plain_credentials(url: str, what: str) -> None:
+    """A bearer token or password never goes in clear text over a network: `http://`
+    is refused unless the host is this machine (loopback), where nobody else can read it."""
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        return
+    host = parts.hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(
+            f"refusing to send {what} to {url} in clear text: anyone on the path could "
+            "read and reuse them; use https (or http only to a loopback address)"
+        )
 
 
 def _join(base: str, name: str) -> str:

@@ -212,6 +212,76 @@ def test_a_missing_certificate_file_is_a_kubeconfig_error(tmp_path: Path) -> Non
         load(path)
 
 
+@pytest.mark.parametrize("value", ["false", "true", "no", 0, 1])
+def test_insecure_skip_tls_verify_must_be_a_yaml_boolean(tmp_path: Path, value: object) -> None:
+    """kubectl's field is a bool; the string "false" is truthy, and must not turn
+    verification off (nor is any other non-bool guessed at)."""
+    cluster = {"server": "https://10.0.0.1:6443", "insecure-skip-tls-verify": value}
+    path = str(_kubeconfig(tmp_path / "config", cluster, {"token": "t"}))
+    with pytest.raises(KubeconfigError, match="insecure-skip-tls-verify must be true or false"):
+        load(path)
+
+
+@pytest.mark.parametrize(("value", "verify"), [(True, False), (False, True)])
+def test_insecure_skip_tls_verify_as_a_boolean(tmp_path: Path, value: bool, verify: bool) -> None:
+    cluster = {"server": "https://10.0.0.1:6443", "insecure-skip-tls-verify": value}
+    path = str(_kubeconfig(tmp_path / "config", cluster, {"token": "t"}))
+    assert load(path).configuration.verify_ssl is verify
+
+
+@pytest.mark.parametrize(
+    "user", [{"token": "t0ken"}, {"username": "ann", "password": "s3cret"}], ids=["bearer", "basic"]
+)
+@pytest.mark.parametrize("server", ["http://10.0.0.1:8080", "http://kube.example", "http://[::2]"])
+def test_credentials_never_go_to_a_plain_http_server_on_the_network(
+    tmp_path: Path, user: dict, server: str
+) -> None:
+    path = str(_kubeconfig(tmp_path / "config", {"server": server}, user))
+    with pytest.raises(KubeconfigError, match="clear text") as refused:
+        load(path)
+    assert "t0ken" not in str(refused.value) and "s3cret" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "server", ["http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]"]
+)
+def test_plain_http_to_loopback_or_without_credentials_is_allowed(
+    tmp_path: Path, server: str
+) -> None:
+    path = str(_kubeconfig(tmp_path / "config", {"server": server}, {"token": "t"}))
+    assert load(path).server == server
+    bare = str(_kubeconfig(tmp_path / "bare", {"server": "http://10.0.0.1:8080"}, {}))
+    assert load(bare).server == "http://10.0.0.1:8080"
+
+
+def test_user_paths_resolve_against_the_users_own_file(tmp_path: Path) -> None:
+    """KUBECONFIG=a/config:b/config with the cluster in a and the user in b: the user's
+    relative certificate paths are b's (kubectl), not a's."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for directory in (a, b):
+        (directory / "pki").mkdir(parents=True)
+        for name in ("client.crt", "client.key"):
+            (directory / "pki" / name).write_text(f"{directory.name}'s {name}")
+    first = a / "config"
+    first.write_text(
+        yaml.safe_dump(
+            {
+                "clusters": [{"name": "c", "cluster": {"server": "https://10.0.0.1:6443"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    second = b / "config"
+    user = {"client-certificate": "pki/client.crt", "client-key": "pki/client.key"}
+    second.write_text(yaml.safe_dump({"users": [{"name": "u", "user": user}]}))
+
+    cfg = load(f"{first}:{second}").configuration
+
+    assert Path(cfg.cert_file).read_text() == "b's client.crt"
+    assert Path(cfg.key_file).read_text() == "b's client.key"
+
+
 def test_inline_credentials_reach_a_tls_api_server(cluster: Cluster) -> None:
     """certificate-authority-data and client-certificate-data/-key-data, used for real:
     the fake API server verifies the client certificate and maps it to dave."""

@@ -114,6 +114,25 @@ def test_outside_a_pod_the_error_says_what_to_set(tmp_path: Path) -> None:
         config.token()
 
 
+@pytest.mark.parametrize(
+    "agent",
+    ["http://gpu-hotmount.gpu-hotmount.svc", "http://10.0.0.7:8080", "http://[::ffff:10.0.0.7]"],
+)
+def test_the_token_never_goes_to_an_agent_over_plain_http(tmp_path: Path, agent: str) -> None:
+    env = {"HOSTNAME": "jupyter-alice", "GPU_HOTMOUNT_AGENT": agent}
+    with pytest.raises(NotebookError, match="clear text") as refused:
+        Config.from_env(env, service_account(tmp_path))
+    assert "\n" not in str(refused.value) and "GPU_HOTMOUNT_AGENT" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "agent", ["http://127.0.0.1:8080", "http://localhost:9", "http://[::1]:80"]
+)
+def test_plain_http_to_this_machine_is_allowed(tmp_path: Path, agent: str) -> None:
+    env = {"HOSTNAME": "jupyter-alice", "GPU_HOTMOUNT_AGENT": agent}
+    assert Config.from_env(env, service_account(tmp_path)).agent == agent
+
+
 def torch_like(initialised: bool) -> SimpleNamespace:
     return SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: initialised))
 
