@@ -331,7 +331,7 @@ class Netdevs:
         kthreadd = self.host.path("/proc/2")
         try:
             if not _is_kernel_thread(kthreadd):
-                raise KernelError(f"{kthreadd} is not kthreadd")
+                raise ValueError(f"{kthreadd} is not a kernel thread")
             return os.open(kthreadd / "ns" / "net", os.O_RDONLY | os.O_CLOEXEC)
         except (OSError, ValueError, IndexError) as exc:
             raise KernelError(
@@ -382,10 +382,11 @@ class Netdevs:
     def _netns_inodes(self) -> Iterator[tuple[int, int]]:
         """(PID, netns inode) of every process (read only for records whose init died)."""
         proc = self.host.path("/proc")
-        for entry in os.scandir(proc):
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError):
-                    yield int(entry.name), os.stat(f"{entry.path}/ns/net").st_ino
+        with os.scandir(proc) as entries:
+            names = [entry.name for entry in entries if entry.name.isdigit()]
+        for name in names:
+            with contextlib.suppress(OSError):
+                yield int(name), os.stat(proc / name / "ns" / "net").st_ino
 
     @contextlib.contextmanager
     def _container_ns(self, pid: int, start_time: int) -> Iterator[int]:

@@ -12,21 +12,20 @@ import os
 import secrets
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from hotmount.engine import Engine, EngineConfig
-from hotmount.errors import ContainerNotFound, InvalidRequest
-from hotmount.netdev_plan import NetdevRecord, NetdevRefused, NetdevSpec
-from hotmount.netdevs import NetdevNotFound
-from tests.kernel.conftest import GPU0
+from hotmount.errors import ContainerNotFound, InvalidRequest, KernelError
+from hotmount.hostfs import HostRoot
+from hotmount.netdev_plan import NetdevConflict, NetdevRecord, NetdevRefused, NetdevSpec
+from hotmount.netdevs import NetdevNotFound, Netdevs
+from tests.kernel.conftest import GPU0, GPU1
+from tests.support.netdevs import ip, make_primary
 from tests.support.runc import RuncContainer
-
-
-def ip(*args: str, pid: int | None = None) -> subprocess.CompletedProcess[str]:
-    enter = ["nsenter", "-t", str(pid), "-n"] if pid else []
-    return subprocess.run([*enter, "ip", *args], capture_output=True, text=True, check=False)
+from tests.support.sysfs import NICS, build_sysfs
 
 
 def link(name: str, pid: int | None = None) -> dict[str, object] | None:
@@ -198,13 +197,7 @@ def default_route_interface() -> str | None:
 
 @pytest.fixture
 def fake_primary(veth: tuple[str, str]) -> str:
-    """A veth end that carries a default route, in a spare routing table: primary to the
-    agent's check (it reads every table) without ever risking the node's own interface,
-    should the check be broken. The route goes with the veth."""
-    for end in veth:
-        ip("link", "set", end, "up").check_returncode()
-    ip("route", "add", "default", "dev", veth[0], "table", "4242").check_returncode()
-    return veth[0]
+    return make_primary(veth)  # tests/support/netdevs.py
 
 
 def test_the_nodes_own_default_route_interface_is_primary(cdi_dir: Path, state_dir: Path) -> None:
@@ -291,3 +284,133 @@ def test_a_container_in_the_hosts_network_namespace_is_refused(
         engine.netdevs.attach("host-net", me, start, NetdevSpec(name=veth[0]), veth[0], [])
     assert link(veth[0]) is not None and link("net1") is None
     assert engine.netdevs.records() == []
+
+
+def test_unmount_moves_back_the_real_interface_never_the_tenants_decoy(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    """The tenant (NET_ADMIN in its pod) renames net1 away and makes a veth named net1
+    with its MAC: the agent must bring back its own, by ifindex and host-side peer."""
+    a, b = veth
+    mac = str(link(a)["address"])  # type: ignore[index]
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
+    ip("link", "set", "net1", "name", "real1", pid=box.pid).check_returncode()
+    made = ip(
+        "link", "add", "net1", "address", mac, "type", "veth", "peer", "name", "decoy", pid=box.pid
+    )
+    made.check_returncode()
+
+    done = engine.unmount(box.id, [GPU0])
+
+    assert done.netdevs == [a]
+    back = link(a)
+    assert back is not None and back["link"] == b  # ours: paired with the host's peer
+    assert link("real1", pid=box.pid) is None
+    assert link("net1", pid=box.pid) is not None and link("decoy", pid=box.pid) is not None
+    assert engine.netdevs.records() == []
+
+
+def test_a_deleted_interface_is_not_replaced_by_a_decoy_on_unmount(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    """Ours gone (deleting a veth end takes its host peer too), a decoy in its place:
+    unmount moves nothing back and says why; the devices are unmounted all the same."""
+    a, b = veth
+    mac = str(link(a)["address"])  # type: ignore[index]
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
+    ip("link", "del", "net1", pid=box.pid).check_returncode()
+    ip(
+        "link", "add", "net1", "address", mac, "type", "veth", "peer", "name", b, pid=box.pid
+    ).check_returncode()
+
+    with pytest.raises(NetdevConflict, match="nothing was moved back"):
+        engine.unmount(box.id, [GPU0])
+
+    assert link(a) is None and link(b) is None  # nothing of the tenant's on the host
+    assert link("net1", pid=box.pid) is not None
+    assert "nvidia0" not in box.ls_dev() and engine.ledger.records() == []
+
+
+def test_a_namespace_held_after_its_init_died_keeps_the_record(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    """A restarted container: its pod's sandbox holds the namespace, the interface lives
+    on in it. Reconcile keeps the record until the namespace is gone."""
+    a, _ = veth
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
+    holder = subprocess.Popen(["nsenter", "-t", str(box.pid), "-n", "--", "sleep", "infinity"])
+    try:
+        wanted = os.stat(f"/proc/{box.pid}/ns/net").st_ino
+        while os.stat(f"/proc/{holder.pid}/ns/net").st_ino != wanted:  # until it has entered
+            os.sched_yield()
+        box.stop()
+
+        report = engine.reconcile()
+
+        assert report.netdevs == [] and len(engine.netdevs.records()) == 1
+        assert link("net1", pid=holder.pid) is not None
+    finally:
+        holder.kill()
+        holder.wait()
+    assert engine.reconcile().netdevs == [f"{a}: forget"]
+    assert engine.netdevs.records() == []
+
+
+@pytest.fixture
+def rdma_engine(
+    cdi_dir: Path, state_dir: Path, tmp_path: Path, prefix: str, veth: tuple[str, str]
+) -> Engine:
+    """mlx5_0's own network interface is the veth end."""
+    sys_root = build_sysfs(tmp_path / "sys-root", (replace(NICS[0], netdev=veth[0]),))
+    config = EngineConfig(
+        cdi_dirs=(str(cdi_dir),),
+        state_dir=state_dir,
+        use_nvml=False,
+        netdev_allow=(f"{prefix}*",),
+        sys_root=sys_root,
+    )
+    return Engine(config)
+
+
+def test_an_rdma_nics_interface_goes_only_with_that_nic(
+    rdma_engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    a, _ = veth
+    with pytest.raises(NetdevRefused, match="belongs to RDMA device rdma/mlx5_0"):
+        rdma_engine.mount(box.id, [GPU1], netdev=NetdevSpec(name=a))
+    assert link(a) is not None and rdma_engine.ledger.records() == []
+
+    # Held by this container already (its claim group), or mounted with it: allowed.
+    rdma_engine.mount(box.id, [GPU0], rdma=["rdma/mlx5_0"])
+    rdma_engine.mount(box.id, [GPU1], netdev=NetdevSpec(name=a))
+    assert link("net1", pid=box.pid) is not None
+    rdma_engine.unmount(box.id)
+    assert link(a) is not None
+
+
+def test_the_hosts_namespace_is_pid_1s_or_kthreadds_never_a_guess(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Here PID 1 (a sandbox init) refuses its namespace to root: kthreadd's is the
+    initial one. With neither to be had, an error: never the agent's own by default."""
+    fd = engine.netdevs._host_ns_fd()
+    try:
+        assert os.fstat(fd).st_ino == os.stat("/proc/2/ns/net").st_ino
+    finally:
+        os.close(fd)
+
+    fake = tmp_path / "host"
+    (fake / "proc" / "2").mkdir(parents=True)
+    (fake / "proc" / "1").symlink_to("/proc/1")
+    (fake / "proc" / "2" / "stat").write_text("2 (not-kthreadd) S 0 0 0 0 -1 0 0 0")
+    netdevs = Netdevs(HostRoot(fake), tmp_path / "state", ())
+    try:
+        fd = os.open("/proc/1/ns/net", os.O_RDONLY)
+    except PermissionError:
+        with pytest.raises(KernelError, match="network namespace cannot be opened"):
+            netdevs._host_ns_fd()
+    else:  # a host whose PID 1 lets root in: its namespace it is
+        os.close(fd)
+        own = netdevs._host_ns_fd()
+        assert os.fstat(own).st_ino == os.stat("/proc/1/ns/net").st_ino
+        os.close(own)
