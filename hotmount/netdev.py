@@ -3,8 +3,10 @@
 The only module that talks RTNL. A container's namespace is opened from its init's
 `/proc/<pid>/ns/net` (through the host root) as a file descriptor; a netlink socket
 is made inside that namespace (`socket_in`) for pyroute2, and a move names the target namespace
-by fd (IFLA_NET_NS_FD) together with the new name (IFLA_IFNAME), so the kernel
-moves and renames in one step: no moment with a clashing name on either side.
+by fd (IFLA_NET_NS_FD) together with the new name (IFLA_IFNAME). The kernel moves
+first, under the interface's current name where that is free there (the new name
+only stands in where it is not), then renames: so a taken new name fails *after* the
+move. Callers find the interface again by ifindex (hotmount/netdev_plan.py).
 """
 
 from __future__ import annotations

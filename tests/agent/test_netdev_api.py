@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hotmount import netdev
-from hotmount.netdev_plan import primary_interfaces
 from tests.agent.conftest import ALICE, Cluster
 from tests.support.agent import GPUS
+from tests.support.netdevs import make_primary, veth_pair
 from tests.support.sysfs import NICS, build_sysfs
 
 pytestmark = pytest.mark.kernel
@@ -85,15 +84,17 @@ def test_a_named_interface_with_mtu_and_addresses(
         assert [a["local"] for a in inside["addr_info"] if a["family"] == "inet"] == ["10.66.0.2"]
 
 
+@pytest.fixture
+def fake_primary() -> Iterator[str]:
+    """Never the node's own uplink: were the check broken, this agent would move it."""
+    with veth_pair() as pair:
+        yield make_primary(pair)  # tests/support/netdevs.py
+
+
 def test_the_primary_interface_is_refused_even_when_everything_is_allowed(
-    cluster: Cluster,
+    cluster: Cluster, fake_primary: str
 ) -> None:
-    with netdev.rtnl() as ipr:
-        links = netdev.links(ipr)
-        oifs = netdev.default_route_oifs(ipr)
-    if not oifs:
-        pytest.skip("this host has no default route")
-    primary = sorted(primary_interfaces(links, oifs) - {"lo"})[0]
+    primary = fake_primary
     container = cluster.pod("nb")
     agent = cluster.agent(extra=["--netdev-allow", "*"])
     with agent.client(ALICE) as api:

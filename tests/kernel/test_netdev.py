@@ -414,3 +414,25 @@ def test_the_hosts_namespace_is_pid_1s_or_kthreadds_never_a_guess(
         own = netdevs._host_ns_fd()
         assert os.fstat(own).st_ino == os.stat("/proc/1/ns/net").st_ino
         os.close(own)
+
+
+def test_unmount_revokes_the_devices_before_the_interface_goes_back(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str], prefix: str
+) -> None:
+    """The interface is the last step: a move back that fails (its host name is taken
+    meanwhile) leaves no device behind, and reconcile finishes the move later."""
+    a, _ = veth
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
+    ip("link", "add", a, "type", "veth", "peer", "name", f"{prefix}m").check_returncode()
+
+    with pytest.raises(Exception, match="moving interface"):
+        engine.unmount(box.id, [GPU0])
+
+    assert "nvidia0" not in box.ls_dev() and engine.ledger.records() == []
+    assert box.open_result("/dev/nvidia0") == "ENOENT"
+    # The kernel moved it under its inside name (its own name was free), then the rename
+    # failed: on the host as net1, down, its record kept for reconcile.
+    assert link("net1", pid=box.pid) is None and len(engine.netdevs.records()) == 1
+    ip("link", "del", a).check_returncode()  # the squatter (and its peer) go
+    assert engine.reconcile().netdevs == [f"{a}: restore"]
+    assert link(a) is not None and engine.netdevs.records() == []
