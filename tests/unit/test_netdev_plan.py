@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hotmount.errors import InvalidRequest
+from hotmount.hostfs import HostRoot
 from hotmount.netdev_plan import (
     Action,
     LinkInfo,
@@ -22,6 +25,7 @@ from hotmount.netdev_plan import (
     primary_interfaces,
     restore_plan,
 )
+from hotmount.netdevs import Netdevs
 
 # A node: bond0 (members eno1, eno2) carries the default route through vlan100 on it;
 # br0 holds veth hostA; ens1f0 is the RDMA NIC, with VFs and a macvlan child.
@@ -256,3 +260,14 @@ def test_restore_plan_renames_and_restores_mtu_state_and_addresses() -> None:
 def test_restore_refuses_to_take_a_name_someone_else_has_now() -> None:
     with pytest.raises(NetdevConflict, match="another interface is named ens1f0v0"):
         restore_plan(record(), LinkInfo(7, "dev7", mtu=1500), taken={"ens1f0v0"})
+
+
+def test_the_link_moved_is_the_one_checked_in_the_same_listing(tmp_path: Path) -> None:
+    """Between two listings a name can pass from an allowed interface to a primary one
+    (rename the uplink `hm1a`): attach checks and picks from one listing, by ifindex."""
+    netdevs = Netdevs(HostRoot(tmp_path), tmp_path, ("hm*",))
+    now = [LinkInfo(1, "lo"), LinkInfo(2, "hm1a", mac="02:fc:00:00:00:01")]
+    with pytest.raises(NetdevRefused, match="primary"):
+        netdevs._allowed_link(now, {2}, "hm1a")
+    before = [LinkInfo(1, "lo"), LinkInfo(2, "eth0"), LinkInfo(7, "hm1a", kind="veth", link=8)]
+    assert netdevs._allowed_link(before, {2}, "hm1a").index == 7
