@@ -53,6 +53,7 @@ from hotmount import claims, companions, usage
 from hotmount import engine as eng
 from hotmount.claims import Claim, Footprint
 from hotmount.devices.model import Device
+from hotmount.devices.rdma import RDMA_NODE_DIR, is_rdma
 from hotmount.errors import DeviceBusy, HotmountError
 from hotmount.ledger import ContainerRecord, DeviceRecord
 
@@ -795,7 +796,7 @@ class NodeService:
         """
         looked, due = [], []
         for record in self.engine.ledger.records():
-            entries = [d for d in record.devices.values() if d.kind != "rdma"]
+            entries = [d for d in record.devices.values() if self._is_gpu(d)]
             if not entries:
                 continue
             try:
@@ -817,6 +818,17 @@ class NodeService:
             if self._reclaim(record, entry, idle_for):
                 taken.append(entry.key)
         return taken
+
+    def _is_gpu(self, entry: DeviceRecord) -> bool:
+        """A GPU (or MIG, or another accelerator), not an RDMA device: one sysfs found
+        (kind `rdma`) or one a CDI spec declares (kind `cdi`, verbs nodes), nor any
+        device that came along with GPUs (it leaves with them, never idle on its own)."""
+        if entry.with_devices or entry.kind == "rdma":
+            return False
+        device = self.engine.inventory.get(entry.key)
+        if device is not None:
+            return not is_rdma(device)
+        return not any(p.startswith(RDMA_NODE_DIR) for p in entry.node_paths)
 
     def _held(self, record: ContainerRecord, entry: DeviceRecord, pids: list[int]) -> int:
         """How many of the container's processes hold the device (fd scan, then NVML)."""
@@ -890,7 +902,7 @@ class NodeService:
         samples = []
         for record in self.engine.ledger.records():
             for entry in record.devices.values():
-                if entry.kind == "rdma":
+                if not self._is_gpu(entry):
                     continue
                 device = self.engine.inventory.get(entry.key)
                 paths = [n.path for n in device.nodes] if device else entry.node_paths

@@ -232,3 +232,44 @@ def test_a_restarted_agent_starts_the_idle_clock_again(cluster: Cluster, tmp_pat
         [device] = mounted(api)
         assert device["idleSeconds"] is None or device["idleSeconds"] < 3
         assert device["idleTimeout"] == "1h"  # the timeout lives in the ledger
+
+
+RDMA_CDI_SPEC = """\
+cdiVersion: 0.6.0
+kind: example.com/rdma
+devices:
+  - name: hca
+    containerEdits:
+      deviceNodes:
+        - {path: /dev/infiniband/uverbs9, type: c, major: 231, minor: 201}
+"""
+
+
+def test_a_cdi_declared_rdma_device_is_neither_reclaimed_nor_counted_as_a_gpu(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A vendor-neutral CDI spec declares an RDMA device (kind `cdi`, a verbs node). Mounted
+    with a GPU under one idle timeout, only the GPU is a GPU: it alone is reclaimed and
+    exported in hotmount_gpu_mounted_info; the NIC stays until it is named."""
+    specs = tmp_path / "rdma-cdi"
+    specs.mkdir()
+    (specs / "rdma.yaml").write_text(RDMA_CDI_SPEC)
+    container = cluster.pod("nb")
+    agent = cluster.agent(extra=["--cdi-dir", str(specs)])
+    with agent.client(ALICE) as api:
+        body = {"devices": ["0", "example.com/rdma=hca"], "idleTimeout": "1s"}
+        done = api.post(DEVICES, json=body)
+        assert done.status_code == 200, done.text
+        [(labels, _)] = samples(agent, "hotmount_gpu_mounted_info")
+        assert labels["gpu_uuid"] == GPUS[0].uuid
+
+        wait_for(lambda: cluster.events("GPUReclaimed"), "the GPU's reclaim")
+        wait_passes(agent, 3)  # passes enough to have taken the NIC, were it a GPU
+
+        assert [d["key"] for d in mounted(api)] == ["example.com/rdma=hca"]
+        assert "uverbs9" in container.exec("ls", "/dev/infiniband").stdout.split()
+        assert counter(agent, "hotmount_gpus_reclaimed_total") == 1
+        assert samples(agent, "hotmount_gpu_mounted_info") == []
+        assert samples(agent, "hotmount_gpu_idle_seconds") == []
+        [event] = cluster.events("GPUReclaimed")
+        assert "uverbs" not in event["message"] and "rdma" not in event["message"]
