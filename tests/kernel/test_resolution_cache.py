@@ -4,15 +4,24 @@ only after its init is pinned and shown to be the same process, still in the con
 Attacks: the container dies and its init's PID goes to another process (on the host, or
 moved into another container's cgroup); a cache entry whose start time is not the
 process's. None may grant into the wrong cgroup or create a node anywhere.
+
+The victim that takes a dead init's PID is a host process (not a container's), but one
+that a broken cache could not hurt the host through: it sits in throwaway cgroups of
+its own (deny-all on v1, so any grant shows in its list; no BPF program on v2) and in a
+mount namespace of its own with a private tmpfs on /dev. A node or grant that a broken
+cache made lands there, where the assertions see it, never in the host's /dev or the
+test runner's cgroup.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
 import time
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +31,7 @@ from hotmount.engine import Engine
 from hotmount.errors import ContainerNotFound
 from tests.kernel.conftest import GPU0
 from tests.kernel.test_pid_reuse import gone
+from tests.support.bpf import attached
 from tests.support.pids import spawn_with_pid
 from tests.support.runc import RuncContainer
 
@@ -39,11 +49,65 @@ def cache_and_stop(engine: Engine, container: RuncContainer) -> int:
     return init
 
 
-def nothing_granted(engine: Engine, victim: subprocess.Popen[bytes], host_dev: bool) -> None:
+# Its own mount namespace, a private tmpfs on /dev, then sleep: one PID throughout.
+PRIVATE_DEV = ["unshare", "-m", "--propagation", "private", "sh", "-c"]
+PRIVATE_DEV.append("mount -t tmpfs victim-dev /dev && exec sleep 1000")
+
+
+@dataclass
+class Victim:
+    proc: subprocess.Popen[bytes]
+    v1_dir: Path
+    v2_dir: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def node_made(self) -> bool:
+        return os.path.lexists(f"/proc/{self.pid}/root/dev/nvidia0")  # its /dev: the tmpfs
+
+
+@contextlib.contextmanager
+def victim_with_pid(pid: int) -> Iterator[Victim]:
+    """A host process that takes `pid`, in throwaway cgroups (v1 deny-all) and behind
+    a private /dev; everything removed afterwards."""
+    name = f"hotmount-test-victim-{secrets.token_hex(4)}"
+    v1_dir, v2_dir = Path("/sys/fs/cgroup/devices") / name, Path("/sys/fs/cgroup/unified") / name
+    proc = spawn_with_pid(pid, PRIVATE_DEV)
+    try:
+        for _ in range(400):  # until it has its /dev and exec'd sleep (bounded)
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                break
+            time.sleep(0.025)
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"
+        assert Path(f"/proc/{pid}/ns/mnt").resolve() != Path("/proc/self/ns/mnt").resolve()
+        for directory in (v1_dir, v2_dir):
+            directory.mkdir()
+            (directory / "cgroup.procs").write_text(str(pid))
+        (v1_dir / "devices.deny").write_text("a")
+        assert (v1_dir / "devices.list").read_text() == ""
+        yield Victim(proc, v1_dir, v2_dir)
+    finally:
+        proc.kill()
+        proc.wait()
+        for directory in (v1_dir, v2_dir):
+            for _ in range(200):  # a killed task leaves its cgroup a moment after reaping
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.025)
+
+
+def nothing_granted(engine: Engine, victim: Victim, host_dev: bool) -> None:
     assert engine.ledger.records() == [] and engine.ledger.claims() == []
     assert os.path.lexists("/dev/nvidia0") is host_dev, "a node appeared in the host's /dev"
+    assert not victim.node_made(), "a node appeared in the victim's /dev"
     cgroup = Path(f"/proc/{victim.pid}/cgroup").read_text()
-    assert "devices" in cgroup  # still alive, still where it was put
+    assert "devices" in cgroup  # still alive
 
 
 @pytest.mark.parametrize("mode", ["v1", "v2"])
@@ -53,15 +117,14 @@ def test_a_pid_reused_by_a_host_process_after_a_cached_resolution_gets_nothing(
     host_dev = os.path.lexists("/dev/nvidia0")
     container = RuncContainer(tmp_path, rootfs, mode)
     init = cache_and_stop(engine, container)
-    victim = spawn_with_pid(init, ["sleep", "1000"])
-    try:
+    with victim_with_pid(init) as victim:
         with pytest.raises(ContainerNotFound):
             engine.mount(container.id, [GPU0])
         assert engine.resolver.cached(container.id) is None, "the stale entry is dropped"
         nothing_granted(engine, victim, host_dev)
-    finally:
-        victim.kill()
-        victim.wait()
+        assert (victim.v1_dir / "devices.list").read_text() == "", "a grant in its cgroup"
+        assert attached(victim.v2_dir) == [], "a device program on its cgroup"
+        assert read_cgroup_pids(victim.v1_dir) == [victim.pid]  # still where it was put
 
 
 def test_a_pid_reused_inside_another_container_grants_nothing_there(
@@ -74,8 +137,7 @@ def test_a_pid_reused_inside_another_container_grants_nothing_there(
     other = RuncContainer(tmp_path, rootfs, "v1")
     try:
         init = cache_and_stop(engine, dead)
-        victim = spawn_with_pid(init, ["sleep", "1000"])
-        try:
+        with victim_with_pid(init) as victim:
             (other.v1_devices_dir / "cgroup.procs").write_text(str(victim.pid))
             (other.v2_dir / "cgroup.procs").write_text(str(victim.pid))
             before = (other.v1_devices_dir / "devices.list").read_text()
@@ -84,9 +146,6 @@ def test_a_pid_reused_inside_another_container_grants_nothing_there(
             assert (other.v1_devices_dir / "devices.list").read_text() == before
             assert "nvidia0" not in other.ls_dev()
             nothing_granted(engine, victim, host_dev)
-        finally:
-            victim.kill()
-            victim.wait()
     finally:
         other.stop()
 
