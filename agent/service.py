@@ -867,8 +867,14 @@ class NodeService:
                         released = self._release_holders(namespace, ref, before)
                     except ApiError as exc:
                         log.warning("reclaim: holder pod release: %s", exc.message)
-        except DeviceBusy:
+        except DeviceBusy as exc:
             self._idle.observe(key, 1, time.monotonic())  # opened meanwhile: held again
+            log.info(
+                "reclaim of %s from %s: in use, its idle clock restarts: %s",
+                entry.key,
+                ref,
+                exc.message,
+            )
             return False
         except HotmountError as exc:
             log.warning("cannot reclaim %s from %s: %s", entry.key, ref, exc.message)

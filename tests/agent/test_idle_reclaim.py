@@ -273,3 +273,52 @@ def test_a_cdi_declared_rdma_device_is_neither_reclaimed_nor_counted_as_a_gpu(
         assert samples(agent, "hotmount_gpu_idle_seconds") == []
         [event] = cluster.events("GPUReclaimed")
         assert "uverbs" not in event["message"] and "rdma" not in event["message"]
+
+
+UVM_CDI_SPEC = """\
+cdiVersion: 0.6.0
+kind: example.com/gpu
+devices:
+  - name: g7
+    containerEdits:
+      deviceNodes:
+        - {path: /dev/nvidia7, type: c, major: 195, minor: 7}
+containerEdits:
+  deviceNodes:
+    - {path: /dev/nvidia-uvm, type: c, major: 1, minor: 5}
+"""
+
+
+def test_a_gpu_the_engine_finds_busy_at_reclaim_is_kept_and_its_clock_restarts(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The reconciler's look (the GPU's own nodes) finds it idle, but at the unmount the
+    engine finds a holder: a process holds /dev/nvidia-uvm, a shared node that leaves
+    with the last GPU (here /dev/zero's 1:5, so it opens). It stands for a process that
+    opened the GPU between the look and the unmount: DeviceBusy. The reclaim takes
+    nothing, restarts the clock, and tries again on a later pass, never by force."""
+    specs = tmp_path / "uvm-cdi"
+    specs.mkdir()
+    (specs / "gpu.yaml").write_text(UVM_CDI_SPEC)
+    container = cluster.pod("nb")
+    agent = cluster.agent(extra=["--cdi-dir", str(specs)])
+    with agent.client(ALICE) as api:
+        done = api.post(DEVICES, json={"devices": ["example.com/gpu=g7"], "idleTimeout": "1s"})
+        assert done.status_code == 200, done.text
+        holder = hold_until_stdin_closes(container, "/dev/nvidia-uvm")
+        try:
+            tries = "reclaim of example.com/gpu=g7 from"
+            wait_for(lambda: agent.log.read_text().count(tries) >= 2, "two reclaims found busy")
+
+            assert "in use, its idle clock restarts" in agent.log.read_text()
+            assert [d["key"] for d in mounted(api)] == ["example.com/gpu=g7"]
+            assert {"nvidia7", "nvidia-uvm"} <= set(container.ls_dev())
+            assert counter(agent, "hotmount_gpus_reclaimed_total") == 0
+            assert not cluster.events("GPUReclaimed")
+            assert holder.poll() is None, "the holder was not stopped (no force)"
+        finally:
+            holder.communicate()
+
+        wait_for(lambda: cluster.events("GPUReclaimed"), "the reclaim once nothing holds it")
+        assert not mounted(api)
+    ledger_clean(cluster)
