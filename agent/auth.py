@@ -42,6 +42,7 @@ log = logging.getLogger("hotmount.audit")
 
 API_GROUP = "hotmount.io"
 RESOURCE = "gpumounts"
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"  # a token bound to a pod
 ASSERT_USER, ASSERT_GROUP = "x-hotmount-user", "x-hotmount-group"
 ASSERT_UID, ASSERT_EXTRA = "x-hotmount-uid", "x-hotmount-extra-"
 REMOTE_USER, REMOTE_GROUP, REMOTE_EXTRA = "x-remote-user", "x-remote-group", "x-remote-extra-"
@@ -258,9 +259,10 @@ def _escape_key(key: str) -> str:
 
 
 class Authorizer:
-    def __init__(self, kube: KubeClient | None, ttl: float) -> None:
+    def __init__(self, kube: KubeClient | None, ttl: float, own_pod_only: bool = False) -> None:
         self.kube = kube
         self._decisions = _TtlCache(ttl)
+        self.own_pod_only = own_pod_only
 
     def require(
         self,
@@ -279,6 +281,8 @@ class Authorizer:
             return
         if self.kube is None:
             raise Forbidden("no authorizer is configured")
+        if self.own_pod_only and resource == RESOURCE:
+            _refuse_other_pods(identity.user, verb, namespace, name)
         user = identity.user
         extra = tuple(sorted((k, tuple(v)) for k, v in user.extra.items()))
         key = (user.username, tuple(user.groups), user.uid, extra, verb, resource, namespace, name)
@@ -319,6 +323,26 @@ class Authorizer:
         if force:
             for namespace, name in pods:
                 self.require(identity, "force", namespace, name)
+
+
+def _refuse_other_pods(user: UserInfo, verb: str, namespace: str, name: str) -> None:
+    """--pod-tokens-own-pod-only: a token bound to a pod (its TokenReview names the pod in
+    `extra`) acts on that pod alone, whatever its ServiceAccount's RBAC: notebooks that
+    share one ServiceAccount cannot touch each other's GPUs. Without a name, only `list`."""
+    pods = user.extra.get(POD_NAME_EXTRA)
+    if not pods:
+        return
+    parts = user.username.split(":")
+    own = (parts[2], pods[0]) if len(parts) == 4 and len(pods) == 1 else None
+    if (namespace, name) == own or (not name and verb == "list"):
+        return
+    where = f"pod {own[0]}/{own[1]}" if own else "a pod"
+    target = f"pod {namespace}/{name}" if name else f"{RESOURCE} at large"
+    raise Forbidden(
+        f'user "{user.username}" holds a token bound to {where}: it acts on that pod only, '
+        f"not on {target} (--pod-tokens-own-pod-only)",
+        {"group": API_GROUP, "kind": RESOURCE, "name": name},
+    )
 
 
 def _refusal(user: str, verb: str, resource: str, namespace: str, name: str) -> str:

@@ -97,6 +97,11 @@ class AgentSettings(BaseSettings):
         ge=0,
         description="seconds a holder pod must look orphaned before reconcile deletes it",
     )
+    pod_tokens_own_pod_only: bool = Field(
+        default=False,
+        description="a token bound to a pod (a ServiceAccount token mounted in it) acts on "
+        "that pod only, whatever the account's RBAC (notebooks sharing one account)",
+    )
     authz_cache_ttl: float = Field(default=10.0, ge=0, description="seconds a decision is cached")
     token_failure_ttl: float = Field(
         default=5.0,

@@ -118,7 +118,9 @@ def create_app(
     app.state.service = service
     app.state.settings = settings
     app.state.authenticator = Authenticator(settings, kube, front_proxy)
-    app.state.authorizer = Authorizer(kube, settings.authz_cache_ttl)
+    app.state.authorizer = Authorizer(
+        kube, settings.authz_cache_ttl, settings.pod_tokens_own_pod_only
+    )
     app.state.gateway = gateway
     app.include_router(health.router)
     app.include_router(devices.router)
