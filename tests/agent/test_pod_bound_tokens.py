@@ -63,3 +63,23 @@ def test_without_the_flag_rbac_alone_lets_a_shared_account_reach_every_pod(
         assert alices.post(devices("jupyter-alice"), json={"devices": ["0"]}).status_code == 200
         assert bobs.delete(f"{devices('jupyter-alice')}/0").status_code == 200
     assert f"nvidia{GPUS[0].minor}" not in alice.ls_dev()
+
+
+def test_through_the_api_server_the_bound_pod_still_decides(cluster: Cluster) -> None:
+    """The aggregated face: the API server passes the token's extra on (X-Remote-Extra-,
+    percent-encoded key), and the agent applies the same rule."""
+    shared_account(cluster)
+    alice = cluster.pod("jupyter-alice")
+    cluster.pod("jupyter-bob")
+    backend = cluster.aggregated_agent(extra=["--pod-tokens-own-pod-only"])
+    with backend.agent.client(ALICE_POD) as alices:
+        assert alices.post(devices("jupyter-alice"), json={"devices": ["0"]}).status_code == 200
+    gpumounts = "/apis/hotmount.io/v1alpha1/namespaces/default/gpumounts"
+    with cluster.api(BOB_POD) as bobs:
+        refused = bobs.delete(f"{gpumounts}/jupyter-alice")
+
+        assert refused.status_code == 403, refused.text
+        assert "bound to pod default/jupyter-bob" in refused.json()["message"]
+        assert f"nvidia{GPUS[0].minor}" in alice.ls_dev()
+        own = bobs.get(f"{gpumounts}/jupyter-bob")
+        assert own.status_code == 200, own.text
