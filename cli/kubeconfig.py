@@ -150,6 +150,11 @@ def load(kubeconfig: str | None = None, context: str | None = None) -> KubeConte
     entry = merged.contexts[name][0]
     user = merged.users.get(str(entry.get("user")), ({}, ""))[0] if entry.get("user") else {}
     if any(key in user for key in _PLUGIN_KEYS):
+        cluster = merged.clusters.get(str(entry.get("cluster")), ({}, ""))[0]
+        try:  # before the plugin runs: what it yields is a credential too
+            refuse_plain_credentials(str(cluster.get("server") or ""), "a plugin's credentials")
+        except ValueError as exc:
+            raise _error(f"cannot use context {name!r} of {path}: {exc}") from exc
         cfg = _plugin_configuration(path, name)
     else:
         try:

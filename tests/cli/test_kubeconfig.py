@@ -242,6 +242,16 @@ def test_credentials_never_go_to_a_plain_http_server_on_the_network(
     assert "t0ken" not in str(refused.value) and "s3cret" not in str(refused.value)
 
 
+def test_a_plugin_user_on_plain_http_is_refused_before_the_plugin_runs(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    plugin = {"apiVersion": "client.authentication.k8s.io/v1", "command": "touch"}
+    plugin["args"] = [str(ran)]
+    path = _kubeconfig(tmp_path / "config", {"server": "http://10.0.0.1:8080"}, {"exec": plugin})
+    with pytest.raises(KubeconfigError, match="clear text"):
+        load(str(path))
+    assert not ran.exists()
+
+
 @pytest.mark.parametrize(
     "server", ["http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]"]
 )
