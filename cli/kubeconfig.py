@@ -16,14 +16,13 @@ request, so plugin tokens are refreshed when they expire.
 from __future__ import annotations
 
 import base64
-import ipaddress
 import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
+from cli.cleartext import refuse_plain_credentials
 from cli.errors import DEFAULT_TIMEOUT, HotmountClientError, make_status
 
 if TYPE_CHECKING:
@@ -207,24 +206,6 @@ def _static_configuration(merged: _Merged, entry: dict[str, Any]) -> StaticConfi
     if cfg.authorization:
         refuse_plain_credentials(cfg.host, f"the credentials of cluster {cluster_name!r}")
     return cfg
-
-
-def refuse_plain_credentials(url: str, what: str) -> None:
-    """A bearer token or password never goes in clear text over a network: `http://`
-    is refused unless the host is this machine (loopback), where nobody else can read it."""
-    parts = urlsplit(url)
-    if parts.scheme != "http":
-        return
-    host = parts.hostname or ""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
-        raise ValueError(
-            f"refusing to send {what} to {url} in clear text: anyone on the path could "
-            "read and reuse them; use https (or http only to a loopback address)"
-        )
 
 
 def _join(base: str, name: str) -> str:

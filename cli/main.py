@@ -315,6 +315,13 @@ def make_client(opts: Common) -> HotmountClient:
             verify = False
         elif opts.certificate_authority is not None:
             verify = str(opts.certificate_authority)
+        if token:
+            from cli.cleartext import refuse_plain_credentials
+
+            try:
+                refuse_plain_credentials(opts.agent, "the --token")
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
         return HotmountClient.for_agent(opts.agent, token, verify=verify, timeout=timeout)
     if opts.token or opts.token_file:
         raise UsageError("--token and --token-file go with --agent URL")

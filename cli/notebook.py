@@ -86,7 +86,7 @@ class Config:
         pod = env.get("GPU_HOTMOUNT_POD") or env.get("HOSTNAME") or socket.gethostname()
         ca = env.get("GPU_HOTMOUNT_CA_FILE")
         ca_file = Path(ca) if ca else _first_file(AGENT_CA, service_account / "ca.crt")
-        from cli.kubeconfig import refuse_plain_credentials
+        from cli.cleartext import refuse_plain_credentials
 
         agent = (env.get("GPU_HOTMOUNT_AGENT") or DEFAULT_AGENT).rstrip("/")
         try:  # the pod's token goes with every call: never in clear text on the network

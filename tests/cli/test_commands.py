@@ -226,6 +226,21 @@ def test_exit_1_agent_unreachable(nvcli: Nvcli) -> None:
     assert run.rc == 1 and "cannot reach the agent" in run.err
 
 
+def test_a_token_never_goes_to_an_agent_over_plain_http_on_the_network(
+    nvcli: Nvcli, tmp_path: Path
+) -> None:
+    """Refused before any connection (the address is unroutable: a try would time out)."""
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    for credential in (["--token", "s3cret"], ["--token-file", str(token_file)]):
+        run = nvcli("list", "--agent", "http://10.255.255.1:8443", *credential, "--timeout", "5s")
+        assert run.rc == 2 and "clear text" in run.err, run.err
+        assert "s3cret" not in run.err
+    # Without a token nothing secret goes out: plain http stays allowed (and fails to connect).
+    bare = nvcli("list", "--agent", "http://127.0.0.1:9")
+    assert bare.rc == 1 and "cannot reach the agent" in bare.err
+
+
 def test_exit_1_no_kubeconfig(nvcli: Nvcli) -> None:
     run = nvcli("list")
     assert run.rc == 1 and "no kubeconfig" in run.err
