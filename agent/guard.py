@@ -14,6 +14,9 @@ caller it does not know, and a busy agent still answers its probes:
    mutating calls waiting or at work, past which 429 at once (body unread). The line is
    taken before the route's authorization, so without this bound any authenticated
    caller, even one with no RBAC at all, could hold every slot and starve the others.
+   The node's own operator (root on the unix socket, the static token, anonymous in
+   development: identities no RBAC applies to) is one caller by design and is not
+   bounded this way; the agent-wide bounds still hold for it.
 
 Probes, metrics and the OpenAPI document are public and skip all three: the kubelet's
 probes must answer however many workers are tied up in slow mounts.
@@ -95,8 +98,9 @@ class Guard:
             self._check_length(scope)
             mutating = scope["method"] not in SAFE_METHODS
             self._check_requests()
-            if mutating:
-                self._check_caller(identity.name)
+            bounded_caller = None if identity.trusted else identity.name
+            if mutating and bounded_caller is not None:
+                self._check_caller(bounded_caller)
         except ApiError as exc:
             await _answer(exc, scope, receive, send)
             return
@@ -105,13 +109,15 @@ class Guard:
             if not mutating:
                 await self._bounded(scope, receive, send)
                 return
-            await self._mutate(identity.name, scope, receive, send)
+            await self._mutate(bounded_caller, scope, receive, send)
         finally:
             self.requests -= 1
 
-    async def _mutate(self, caller: str, scope: Scope, receive: Receive, send: Send) -> None:
-        """A mutating call: counted against its caller from the line to the answer."""
-        self.per_caller[caller] = self.per_caller.get(caller, 0) + 1
+    async def _mutate(self, caller: str | None, scope: Scope, receive: Receive, send: Send) -> None:
+        """A mutating call: counted against its caller (None: the node's operator, not
+        counted) from the line to the answer."""
+        if caller is not None:
+            self.per_caller[caller] = self.per_caller.get(caller, 0) + 1
         try:
             if not await self._take_slot():
                 await _answer(self._too_many_mutating(), scope, receive, send)
@@ -124,11 +130,12 @@ class Guard:
                 assert self._slots is not None
                 self._slots.release()
         finally:
-            left = self.per_caller[caller] - 1
-            if left:
-                self.per_caller[caller] = left
-            else:
-                del self.per_caller[caller]  # no entry kept per user who has gone
+            if caller is not None:
+                left = self.per_caller[caller] - 1
+                if left:
+                    self.per_caller[caller] = left
+                else:
+                    del self.per_caller[caller]  # no entry kept per user who has gone
 
     async def _take_slot(self) -> bool:
         """Wait in line for a mutating slot, up to `mutating_wait` seconds."""

@@ -25,15 +25,25 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from hotmount.ledger import Ledger
 from tests.agent.conftest import ALICE, BOB, Cluster
 from tests.agent.test_auth import assert_status
 from tests.fakes.kube_apiserver import Stall
-from tests.support.agent import GPUS, AgentProcess, agent_pod_manifest, pod_manifest
+from tests.support.agent import (
+    GPUS,
+    AgentProcess,
+    agent_pod_manifest,
+    pod_manifest,
+    standalone_agent,
+    write_driver_tree,
+)
+from tests.support.runc import RuncContainer
 
 pytestmark = pytest.mark.kernel
 MOUNT = "/v1/namespaces/default/pods/nb/devices"
@@ -399,3 +409,61 @@ def test_forwarded_calls_carry_uid_and_extra_into_the_sar(cluster: Cluster) -> N
         e for e in node_b.log.read_text().splitlines() if "allow user=carol via=gateway" in e
     ]
     assert gateway
+
+
+def test_the_nodes_own_operator_is_not_bounded_per_caller(
+    tmp_path: Path, rootfs: Path, cdi_dir: Path
+) -> None:
+    """The static token is the node's one operator (no RBAC applies): with a per-caller
+    bound of 1, two of its mounts both get in and both are served; the agent-wide bounds
+    still hold. The mounts are held inside the agent by the ledger's claims lock."""
+    containers = [RuncContainer(tmp_path, rootfs, "v1") for _ in range(2)]
+    state = tmp_path / "state"
+    (tmp_path / "token").write_text("operator-token\n")
+    agent = standalone_agent(
+        tmp_path,
+        write_driver_tree(tmp_path / "driver"),
+        cdi_dir,
+        ["--token-file", str(tmp_path / "token"), "--max-mutating-per-caller", "1"],
+        state_dir=state,
+    )
+    answers: queue.Queue[httpx.Response | Exception] = queue.Queue()
+
+    def mount(container: RuncContainer, device: str) -> None:
+        try:
+            with agent.client("operator-token") as api:
+                path = f"/v1/containers/{container.id}/devices"
+                answers.put(api.post(path, json={"devices": [device]}))
+        except httpx.HTTPError as exc:
+            answers.put(exc)
+
+    def in_agent() -> float:
+        with agent.client() as api:
+            text = api.get("/metrics").text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("hotmount_requests_in_agent ")
+        )
+
+    try:
+        with Ledger(state).claims_lock():
+            threads = [
+                threading.Thread(target=mount, args=(c, d))
+                for c, d in zip(containers, ("0", "1"), strict=True)
+            ]
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 30
+            while in_agent() < 2:
+                assert answers.empty(), "refused while the other mount was in the agent"
+                assert time.monotonic() < deadline, "the two mounts never were in at once"
+                time.sleep(0.1)
+        for thread in threads:
+            thread.join()
+        got = [answers.get_nowait() for _ in range(2)]
+        assert [getattr(a, "status_code", a) for a in got] == [200, 200], got
+    finally:
+        agent.stop()
+        for container in containers:
+            container.stop()
