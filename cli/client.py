@@ -40,23 +40,28 @@ import logging
 import ssl
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ValidationError
 
-from agent.schemas import (
-    DeviceList,
-    MountRequest,
-    MountResult,
-    PodDevices,
-    PodRef,
-    ReassignRequest,
-    ReassignResult,
-    Status,
-    UnmountResult,
-)
+if TYPE_CHECKING:  # at run time imported on first use: `nvcli status` needs no pydantic
+    from types import ModuleType
+
+    from pydantic import BaseModel, ValidationError
+
+    from agent.schemas import (
+        DeviceList,
+        MountRequest,
+        MountResult,
+        PodDevices,
+        PodRef,
+        ReassignRequest,
+        ReassignResult,
+        Status,
+        UnmountResult,
+    )
+
 from cli import __version__
 from cli.errors import (
     DEFAULT_REASON,
@@ -110,7 +115,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("nvcli.http")
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 
 API_GROUP = "hotmount.io"
 API_VERSION = "v1alpha1"
@@ -119,6 +124,10 @@ AGGREGATED_PREFIX = f"/apis/{API_GROUP}/{API_VERSION}"
 
 def status_from_response(response: httpx.Response) -> Status:
     """Parse an error body; the API server's own `Status` (with `metadata`) and non-JSON too."""
+    from pydantic import ValidationError
+
+    from agent.schemas import Status
+
     code = response.status_code
     try:
         body = response.json()
@@ -160,6 +169,8 @@ class Transport(Protocol):
 
     def status(self, namespace: str, pod: str) -> PodDevices: ...
 
+    def status_document(self, namespace: str, pod: str) -> dict[str, Any]: ...
+
     def list_devices(self, node: str | None) -> list[DeviceList]: ...
 
     def move(self, request: ReassignRequest) -> ReassignResult: ...
@@ -192,9 +203,12 @@ class _Base:
                 ) from exc
         raise error_for(status_from_response(response))
 
-    def _parse(self, model: type[M], data: Any, what: str) -> M:
+    def _parse(self, model: str, data: Any, what: str) -> Any:
+        """`data` as the agent model named `model` (agent.schemas, imported here)."""
+        from pydantic import ValidationError
+
         try:
-            return model.model_validate(data)
+            return getattr(_schemas(), model).model_validate(data)
         except ValidationError as exc:
             raise HotmountClientError(
                 make_status(
@@ -203,6 +217,32 @@ class _Base:
                     "InternalError",
                 )
             ) from exc
+
+
+def _pod_devices_document(data: Any, description: str, what: str) -> dict[str, Any]:
+    """A `PodDevices` reply as the JSON it is, its shape checked but no model built: what
+    `nvcli status` renders (pydantic and the models cost more than the request)."""
+    containers = data.get("containers") if isinstance(data, dict) else None
+    if isinstance(containers, list) and all(
+        isinstance(c, dict) and isinstance(c.get("devices"), list)
+        and all(isinstance(d, dict) for d in c["devices"])
+        for c in containers
+    ):  # fmt: skip
+        return data
+    raise HotmountClientError(
+        make_status(
+            500,
+            f"unexpected answer from {description} ({what}): not a PodDevices document",
+            "InternalError",
+        )
+    )
+
+
+def _schemas() -> ModuleType:
+    """The agent's models, imported on first use (pydantic and every model: ~0.15 s)."""
+    import agent.schemas
+
+    return agent.schemas
 
 
 def _segment(value: str) -> str:
@@ -223,7 +263,7 @@ class AgentTransport(_Base):
             f"/v1/namespaces/{_segment(namespace)}/pods/{_segment(pod)}/devices",
             json=_dump(request),
         )
-        return self._parse(MountResult, data, "MountResult")
+        return self._parse("MountResult", data, "MountResult")
 
     def unmount(
         self,
@@ -244,7 +284,7 @@ class AgentTransport(_Base):
             ]
             if not devices:
                 cid = current.containers[0].container_id if current.containers else ""
-                return UnmountResult(
+                return _schemas().UnmountResult(
                     namespace=namespace,
                     pod=pod,
                     container=container,
@@ -256,7 +296,7 @@ class AgentTransport(_Base):
         params = _unmount_params(container, force)
         results = [
             self._parse(
-                UnmountResult,
+                "UnmountResult",
                 self._call("DELETE", f"{base}/{_segment(d)}", params=params),
                 "UnmountResult",
             )
@@ -265,13 +305,16 @@ class AgentTransport(_Base):
         return merge_unmounts(results)
 
     def status(self, namespace: str, pod: str) -> PodDevices:
+        return self._parse("PodDevices", self.status_document(namespace, pod), "PodDevices")
+
+    def status_document(self, namespace: str, pod: str) -> dict[str, Any]:
         data = self._call(
             "GET", f"/v1/namespaces/{_segment(namespace)}/pods/{_segment(pod)}/devices"
         )
-        return self._parse(PodDevices, data, "PodDevices")
+        return _pod_devices_document(data, self.description, "PodDevices")
 
     def list_devices(self, node: str | None) -> list[DeviceList]:
-        listing = self._parse(DeviceList, self._call("GET", "/v1/devices"), "DeviceList")
+        listing = self._parse("DeviceList", self._call("GET", "/v1/devices"), "DeviceList")
         if node is not None and listing.node is not None and listing.node != node:
             raise NotFound(
                 make_status(
@@ -286,14 +329,14 @@ class AgentTransport(_Base):
 
     def move(self, request: ReassignRequest) -> ReassignResult:
         data = self._call("POST", "/v1/reassign", json=_dump(request))
-        return self._parse(ReassignResult, data, "ReassignResult")
+        return self._parse("ReassignResult", data, "ReassignResult")
 
     # standalone agents (`--no-kubernetes`): containers by ID
     def mount_container(self, container_id: str, request: MountRequest) -> MountResult:
         data = self._call(
             "POST", f"/v1/containers/{_segment(container_id)}/devices", json=_dump(request)
         )
-        return self._parse(MountResult, data, "MountResult")
+        return self._parse("MountResult", data, "MountResult")
 
     def unmount_container(
         self, container_id: str, devices: list[str] | None, force: bool
@@ -305,21 +348,25 @@ class AgentTransport(_Base):
         params = _unmount_params(None, force)
         results = [
             self._parse(
-                UnmountResult,
+                "UnmountResult",
                 self._call("DELETE", f"{base}/{_segment(d)}", params=params),
                 "UnmountResult",
             )
             for d in devices
         ]
         if not results:
-            return UnmountResult(
+            return _schemas().UnmountResult(
                 container_id=container_id, unmounted=[], not_mounted=[], stopped_pids=[]
             )
         return merge_unmounts(results)
 
     def container_status(self, container_id: str) -> PodDevices:
+        data = self.container_status_document(container_id)
+        return self._parse("PodDevices", data, "PodDevices")
+
+    def container_status_document(self, container_id: str) -> dict[str, Any]:
         data = self._call("GET", f"/v1/containers/{_segment(container_id)}/devices")
-        return self._parse(PodDevices, data, "PodDevices")
+        return _pod_devices_document(data, self.description, "PodDevices")
 
 
 class AggregatedTransport(_Base):
@@ -335,7 +382,7 @@ class AggregatedTransport(_Base):
         data = self._call(
             "POST", f"{AGGREGATED_PREFIX}/namespaces/{_segment(namespace)}/gpumounts", json=body
         )
-        return self._parse(MountResult, _status_of(data), "GPUMount status")
+        return self._parse("MountResult", _status_of(data), "GPUMount status")
 
     def unmount(
         self,
@@ -352,13 +399,17 @@ class AggregatedTransport(_Base):
             f"{AGGREGATED_PREFIX}/namespaces/{_segment(namespace)}/gpumounts/{_segment(pod)}",
             params=params,
         )
-        return self._parse(UnmountResult, _status_of(data), "GPUMount status")
+        return self._parse("UnmountResult", _status_of(data), "GPUMount status")
 
     def status(self, namespace: str, pod: str) -> PodDevices:
+        data = self.status_document(namespace, pod)
+        return self._parse("PodDevices", data, "GPUMount status")
+
+    def status_document(self, namespace: str, pod: str) -> dict[str, Any]:
         data = self._call(
             "GET", f"{AGGREGATED_PREFIX}/namespaces/{_segment(namespace)}/gpumounts/{_segment(pod)}"
         )
-        return self._parse(PodDevices, _status_of(data), "GPUMount status")
+        return _pod_devices_document(_status_of(data), self.description, "GPUMount status")
 
     def list_devices(self, node: str | None) -> list[DeviceList]:
         if node is not None:
@@ -368,7 +419,7 @@ class AggregatedTransport(_Base):
         return [self._node_devices(item) for item in (data.get("items") or [])]
 
     def _node_devices(self, obj: Any) -> DeviceList:
-        listing = self._parse(DeviceList, _status_of(obj), "NodeDevices status")
+        listing = self._parse("DeviceList", _status_of(obj), "NodeDevices status")
         name = (obj.get("metadata") or {}).get("name")
         if listing.node is None and name:
             listing.node = name
@@ -390,7 +441,7 @@ class AggregatedTransport(_Base):
         else:
             path = f"{AGGREGATED_PREFIX}/reassignments"
         data = self._call("POST", path, json=body)
-        return self._parse(ReassignResult, _status_of(data), "Reassignment status")
+        return self._parse("ReassignResult", _status_of(data), "Reassignment status")
 
 
 def _status_of(obj: Any) -> Any:
@@ -578,6 +629,10 @@ class HotmountClient:
         """What is hot-mounted in each container of a pod."""
         return self.transport.status(namespace, pod)
 
+    def status_document(self, namespace: str, pod: str) -> dict[str, Any]:
+        """`status` as the JSON document the agent sent (camelCase), no model built."""
+        return self.transport.status_document(namespace, pod)
+
     def list_devices(self, node: str | None = None) -> list[DeviceList]:
         """The devices of a node (every node when `node` is None) and who holds each."""
         return self.transport.list_devices(node)
@@ -593,8 +648,10 @@ class HotmountClient:
 
         Refs are `PodRef`s or tuples `(namespace, pod[, container])`.
         """
+        from pydantic import ValidationError
+
         try:
-            request = ReassignRequest.model_validate(
+            request = _schemas().ReassignRequest.model_validate(
                 {
                     "device": device,
                     "from": _pod_ref(from_ref),
@@ -632,6 +689,9 @@ class HotmountClient:
     def container_status(self, container_id: str) -> PodDevices:
         return self._standalone().container_status(container_id)
 
+    def container_status_document(self, container_id: str) -> dict[str, Any]:
+        return self._standalone().container_status_document(container_id)
+
 
 def _mount_request(
     devices: list[str] | None,
@@ -645,8 +705,10 @@ def _mount_request(
     if isinstance(container, list) and len(container) == 1 and container[0] != "*":
         one = container[0]  # the old single-container request: any agent reads it
     several = container if isinstance(container, list) and one is None else None
+    from pydantic import ValidationError
+
     try:
-        return MountRequest(
+        return _schemas().MountRequest(
             devices=devices,
             count=count,
             container=one,
@@ -666,7 +728,7 @@ def _problems(exc: ValidationError) -> str:
 
 
 def _pod_ref(ref: PodRef | tuple[str | None, ...]) -> dict[str, Any]:
-    if isinstance(ref, PodRef):
+    if isinstance(ref, _schemas().PodRef):
         return _dump(ref)
     namespace, pod, *rest = ref
     out = {"namespace": namespace, "pod": pod}

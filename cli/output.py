@@ -14,7 +14,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
         DeviceInfo,
         DeviceList,
         MountResult,
-        PodDevices,
         ReassignResult,
         UnmountResult,
     )
@@ -67,7 +66,7 @@ def table(result: Any) -> str:
     if isinstance(result, UnmountResult):
         return unmount_table(result)
     if isinstance(result, PodDevices):
-        return status_table(result)
+        return status_table(to_data(result))
     if isinstance(result, ReassignResult):
         return move_table(result)
     if isinstance(result, list) and all(isinstance(r, DeviceList) for r in result):
@@ -106,16 +105,22 @@ def _where(namespace: str | None, pod: str | None, container: str | None, cid: s
     return f"{_pod(namespace, pod)} container {_container(container, cid)}"
 
 
-def holder_text(holder: DeviceHolder | None) -> str:
+def holder_text(holder: DeviceHolder | Mapping[str, Any] | None) -> str:
+    """A model or its JSON document (what `nvcli status` keeps)."""
     if holder is None:
         return "<free>"
-    who = _pod(holder.namespace, holder.pod) if holder.pod else (holder.container_id or "")[:13]
-    if holder.container:
-        who += f" ({holder.container})"
-    return f"{who} [{holder.source}]"
+    h = holder if isinstance(holder, Mapping) else to_data(holder)
+    pod, container = h.get("pod"), h.get("container")
+    who = _pod(h.get("namespace"), pod) if pod else (h.get("containerId") or "")[:13]
+    if container:
+        who += f" ({container})"
+    return f"{who} [{h.get('source')}]"
 
 
-def holders_text(holders: list[DeviceHolder], first: DeviceHolder | None = None) -> str:
+def holders_text(
+    holders: Sequence[DeviceHolder | Mapping[str, Any]],
+    first: DeviceHolder | Mapping[str, Any] | None = None,
+) -> str:
     """Everyone who holds one physical device (a shared GPU has several)."""
     every = holders or ([first] if first else [])
     return ", ".join(holder_text(h) for h in every) if every else holder_text(None)
@@ -152,23 +157,26 @@ def nearest_text(device: DeviceInfo, listing: DeviceList) -> str:
     return device.nearest_rdma or "-"
 
 
-def status_table(result: PodDevices) -> str:
+def status_table(doc: Mapping[str, Any]) -> str:
+    """A `PodDevices` document (camelCase JSON): `nvcli status` renders the agent's reply
+    as it came, without building the models."""
+    namespace, pod = doc.get("namespace"), doc.get("pod")
     rows = [
         [
-            _pod(result.namespace, result.pod),
-            _container(c.container, c.container_id),
-            d.index if d.index is not None else "-",
-            d.key,
-            d.uuid,
-            d.paths,
-            holders_text(d.other_holders) if d.other_holders else "-",
-            idle_text(d.idle_seconds, d.idle_timeout),
+            _pod(namespace, pod),
+            _container(c.get("container"), c.get("containerId") or ""),
+            d["index"] if d.get("index") is not None else "-",
+            d.get("key"),
+            d.get("uuid"),
+            d.get("paths"),
+            holders_text(d["otherHolders"]) if d.get("otherHolders") else "-",
+            idle_text(d.get("idleSeconds"), d.get("idleTimeout")),
         ]
-        for c in result.containers
-        for d in c.devices
+        for c in doc.get("containers") or []
+        for d in c.get("devices") or []
     ]
     if not rows:
-        return f"No devices are hot-mounted in {_pod(result.namespace, result.pod)}."
+        return f"No devices are hot-mounted in {_pod(namespace, pod)}."
     headers = [
         "POD",
         "CONTAINER",

@@ -35,6 +35,8 @@ HEAVY = (
 )
 # Never, whatever the command: the output and the kubeconfig do not need them.
 NEVER = ("kubernetes", "rich", "pygments", "hotmount.engine")
+# Not for `nvcli status`, which renders the agent's JSON as it came.
+MODELS = ("pydantic", "agent.schemas")
 
 PROBE = """
 import contextlib, io, json, sys
@@ -96,6 +98,8 @@ def test_status_direct_to_an_agent(stub: StubAgent) -> None:
     assert loaded(result, NEVER) == []
     # A table, the namespace given: no kubeconfig to read.
     assert loaded(result, ("yaml", "cli.kubeconfig")) == []
+    # The reply rendered as it came: no models built (they cost more than the request).
+    assert loaded(result, MODELS) == []
 
 
 def test_static_kubeconfigs_do_not_load_the_kubernetes_client(cluster: Cluster) -> None:
@@ -107,6 +111,7 @@ def test_static_kubeconfigs_do_not_load_the_kubernetes_client(cluster: Cluster) 
         result = run_nvcli("status", "--name", "nb-0", "--kubeconfig", str(config))
         assert result["rc"] == 0, result
         assert loaded(result, NEVER) == [], config.name
+        assert loaded(result, MODELS) == [], config.name
     assert [r.header("x-remote-user") for r in cluster.agent.received] == ["alice", "dave"]
 
 
