@@ -867,17 +867,23 @@ def _member(container: Container) -> bool:
     )
 
 
-def _cgroups(proc: str, pid: int) -> CgroupPaths:
+def _read_proc(proc: str, pid: int, name: str, size: int) -> bytes:
+    """One read of /proc/PID/`name` (os-level: the mount hot path); a gone process is
+    ContainerNotFound, whether it went before the open or during the read."""
     try:
-        fd = os.open(f"{proc}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(f"{proc}/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
     try:
-        return parse_proc_cgroup(os.read(fd, 65536).decode())
+        return os.read(fd, size)
     except ProcessLookupError as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
     finally:
         os.close(fd)
+
+
+def _cgroups(proc: str, pid: int) -> CgroupPaths:
+    return parse_proc_cgroup(_read_proc(proc, pid, "cgroup", 65536).decode())
 
 
 def _mnt_ns(proc: str, pid: int) -> str:
@@ -888,16 +894,7 @@ def _mnt_ns(proc: str, pid: int) -> str:
 
 
 def _start_time(proc: str, pid: int) -> int:
-    try:
-        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, ProcessLookupError) as exc:
-        raise ContainerNotFound(f"process {pid} has exited") from exc
-    try:
-        data = os.read(fd, 4096)
-    except ProcessLookupError as exc:
-        raise ContainerNotFound(f"process {pid} has exited") from exc
-    finally:
-        os.close(fd)
+    data = _read_proc(proc, pid, "stat", 4096)
     return int(data.rpartition(b")")[2].split()[19])  # field 22: starttime
 
 

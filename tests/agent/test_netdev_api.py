@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -33,12 +32,8 @@ def link(name: str, pid: int | None = None) -> dict[str, object] | None:
 
 @pytest.fixture
 def veth() -> Iterator[str]:
-    tag = f"hm{secrets.token_hex(3)}"
-    subprocess.run(
-        ["ip", "link", "add", f"{tag}a", "type", "veth", "peer", "name", f"{tag}b"], check=True
-    )
-    yield f"{tag}a"
-    subprocess.run(["ip", "link", "del", f"{tag}a"], capture_output=True, check=False)
+    with veth_pair() as (end, _peer):
+        yield end
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -17,6 +16,7 @@ from tests.agent.conftest import Cluster as RealCluster
 from tests.cli.conftest import AGENT_TOKEN, Run
 from tests.cli.stub_agent import StubAgent
 from tests.support.agent import GPUS as REAL_GPUS
+from tests.support.netdevs import veth_pair
 from tests.support.sysfs import NICS, build_sysfs
 
 Nvcli = Callable[..., Run]
@@ -79,12 +79,8 @@ def test_not_with_local(nvcli: Nvcli) -> None:
 
 @pytest.fixture
 def veth() -> Iterator[str]:
-    tag = f"hm{secrets.token_hex(3)}"
-    subprocess.run(
-        ["ip", "link", "add", f"{tag}a", "type", "veth", "peer", "name", f"{tag}b"], check=True
-    )
-    yield f"{tag}a"
-    subprocess.run(["ip", "link", "del", f"{tag}a"], capture_output=True, check=False)
+    with veth_pair() as (end, _peer):
+        yield end
 
 
 @pytest.mark.kernel
