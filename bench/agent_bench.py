@@ -118,6 +118,12 @@ class Load:
         self.retried = 0
         self.lock = threading.Lock()
 
+    def record(self, result: str, started: float) -> None:
+        """One mount+unmount pair ended with `result`, begun at `started` (perf_counter)."""
+        with self.lock:
+            self.outcomes[result] += 1
+            self.pairs.append(time.perf_counter() - started)
+
     def run(self, clients: list[threading.Thread]) -> None:
         for thread in clients:
             thread.start()
@@ -158,9 +164,7 @@ def load(url: str, containers: list[RuncContainer], seconds: float) -> Load:
                     result = "ok" if codes == (200, 200) else f"http {codes}"
                 except httpx.HTTPError as exc:
                     result = type(exc).__name__
-                with seen.lock:
-                    seen.outcomes[result] += 1
-                    seen.pairs.append(time.perf_counter() - started)
+                seen.record(result, started)
 
     seen.run([threading.Thread(target=client, args=(i, c)) for i, c in enumerate(containers)])
     return seen
@@ -186,9 +190,7 @@ def load_in_process(engine: Engine, containers: list[RuncContainer], seconds: fl
                 result = "ok"
             except HotmountError as exc:
                 result = type(exc).__name__
-            with seen.lock:
-                seen.outcomes[result] += 1
-                seen.pairs.append(time.perf_counter() - started)
+            seen.record(result, started)
 
     seen.run([threading.Thread(target=client, args=(i, c)) for i, c in enumerate(containers)])
     return seen

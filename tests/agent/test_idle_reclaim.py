@@ -86,12 +86,16 @@ def ledger_clean(cluster: Cluster) -> None:
     assert ledger.claims() == []
 
 
+def mount_fuse_gpu(api: httpx.Client, idle_timeout: str) -> None:
+    done = api.post(DEVICES, json={"devices": [FUSE_GPU], "idleTimeout": idle_timeout})
+    assert done.status_code == 200, done.text
+
+
 def test_a_gpu_held_open_is_never_reclaimed_and_is_once_released(cluster: Cluster) -> None:
     container = cluster.pod("nb")
     agent = cluster.agent()
     with agent.client(ALICE) as api:
-        done = api.post(DEVICES, json={"devices": [FUSE_GPU], "idleTimeout": "3s"})
-        assert done.status_code == 200, done.text
+        mount_fuse_gpu(api, "3s")
         holder = hold_until_stdin_closes(container, "/dev/nvidia1")
         try:
             wait_passes(agent, 5)  # 5s and more: the timeout passed long ago
@@ -129,8 +133,7 @@ def test_an_idle_gpu_is_not_reclaimed_before_its_timeout(cluster: Cluster) -> No
     container = cluster.pod("nb")
     agent = cluster.agent()
     with agent.client(ALICE) as api:
-        done = api.post(DEVICES, json={"devices": [FUSE_GPU], "idleTimeout": "1h"})
-        assert done.status_code == 200, done.text
+        mount_fuse_gpu(api, "1h")
 
         wait_passes(agent, 3)
 

@@ -19,7 +19,7 @@ from tests.agent.conftest import AGENT_TOKEN, DANA, OLGA, Cluster
 from tests.agent.test_holder_leaks import after_two_reconciles, eventually
 from tests.fakes.kube_apiserver import AccessRule
 from tests.fakes.podresources_server import FakePodResourcesServer
-from tests.support.agent import GPUS, pod_manifest
+from tests.support.agent import GPUS, AgentProcess, pod_manifest
 
 pytestmark = pytest.mark.kernel
 GPU0 = GPUS[0]
@@ -27,6 +27,15 @@ GPU0 = GPUS[0]
 
 def mount(api: Any, pod: str, namespace: str = "default", **body: Any) -> Any:
     return api.post(f"/v1/namespaces/{namespace}/pods/{pod}/devices", json=body)
+
+
+def dana_mounts_one_by_count(agent: AgentProcess) -> tuple[dict[str, Any], str]:
+    """dana mounts one GPU by count into default/nb: the reply, and the GPU's node name."""
+    with agent.client(DANA) as api:
+        mounted = mount(api, "nb", count=1)
+    assert mounted.status_code == 200, mounted.text
+    body = mounted.json()
+    return body, f"nvidia{GPUS[body['mounted'][0]['index']].minor}"
 
 
 def test_the_kubelet_check_fails_closed_when_podresources_does_not_answer(
@@ -128,10 +137,7 @@ def test_relabelling_a_holder_pod_does_not_get_it_collected(cluster: Cluster) ->
     the tenant's container still has it, for the scheduler to give another tenant."""
     nb = cluster.pod("nb")
     agent = cluster.agent(extra=["--holder-orphan-grace", "0"])
-    with agent.client(DANA) as api:
-        mounted = mount(api, "nb", count=1)
-    assert mounted.status_code == 200, mounted.text
-    holder = mounted.json()["holderPod"]
+    holder = dana_mounts_one_by_count(agent)[0]["holderPod"]
     pod = cluster.kube.pod("default", holder)
     assert pod is not None
     pod["metadata"]["labels"]["hotmount.io/holder-for"] = "someone-else"
@@ -151,11 +157,7 @@ def test_deleting_its_holder_pod_takes_the_gpu_back(cluster: Cluster) -> None:
     nb = cluster.pod("nb")
     cluster.kube.allow(AccessRule(user="dana", resource="pods", namespace="default"))
     agent = cluster.agent(extra=["--holder-orphan-grace", "0"])
-    with agent.client(DANA) as api:
-        mounted = mount(api, "nb", count=1)
-    assert mounted.status_code == 200, mounted.text
-    body = mounted.json()
-    node = f"nvidia{GPUS[body['mounted'][0]['index']].minor}"
+    body, node = dana_mounts_one_by_count(agent)
     assert node in nb.ls_dev()
     with cluster.api(DANA) as kube:
         path = f"/api/v1/namespaces/default/pods/{body['holderPod']}"
@@ -175,11 +177,7 @@ def test_a_pod_of_the_same_name_does_not_stand_in_for_a_deleted_holder(
     must see through the name (the uid differs) and take the GPU back."""
     nb = cluster.pod("nb")
     agent = cluster.agent(extra=["--holder-orphan-grace", "3600"])
-    with agent.client(DANA) as api:
-        mounted = mount(api, "nb", count=1)
-    assert mounted.status_code == 200, mounted.text
-    body = mounted.json()
-    node = f"nvidia{GPUS[body['mounted'][0]['index']].minor}"
+    body, node = dana_mounts_one_by_count(agent)
     holder = cluster.kube.pod("default", body["holderPod"])
     assert holder is not None
     with cluster.api(AGENT_TOKEN) as kube:  # as the tenant would, with its edit rights
