@@ -64,18 +64,24 @@ GPU = "nvidia.com/gpu=1"
 
 
 def measure(
-    found: dict[str, list[str]], iterations: int, env: dict[str, str], cwd: Path = REPO
+    found: dict[str, list[str]],
+    iterations: int,
+    env: dict[str, str],
+    cwd: Path = REPO,
+    cwds: dict[str, Path] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Wall and CPU (user + system) time of each command as a new process, round-robin so
     that a change in the machine's load falls on every command alike; one untimed round
-    first (page cache, .pyc)."""
+    first (page cache, .pyc). `cwds`: another working directory for some commands (an
+    old tree: `python -m` imports from there first)."""
     wall: dict[str, list[float]] = {name: [] for name in found}
     cpu: dict[str, list[float]] = {name: [] for name in found}
     for round_ in range(iterations + 1):
         for name, command in found.items():
+            where = (cwds or {}).get(name, cwd)
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             started = time.perf_counter()
-            done = subprocess.run(command, capture_output=True, env=env, check=False, cwd=cwd)
+            done = subprocess.run(command, capture_output=True, env=env, check=False, cwd=where)
             elapsed = time.perf_counter() - started
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             if done.returncode != 0:
@@ -125,11 +131,14 @@ def report(
             ratio = percentile(values, 50) / floor
             print(f"{f'ratio {name} / python -c pass (p50)':<44} {ratio:8.1f}x")
     kubectl = "kubectl get --raw (the same path)"
-    nvcli = "nvcli status (aggregated, kubeconfig)"
     for kind, samples in (("wall", wall), ("CPU", cpu or {})):
-        if kubectl in samples:
+        if kubectl not in samples:
+            continue
+        for nvcli in (n for n in samples if n.startswith("nvcli status (aggregated")):
             ratio = percentile(samples[nvcli], 50) / percentile(samples[kubectl], 50)
-            print(f"{f'ratio nvcli status / kubectl get --raw ({kind})':<44} {ratio:8.1f}x")
+            label = nvcli.removeprefix("nvcli status (aggregated, kubeconfig)").strip()
+            title = f"ratio nvcli status{f' {label}' if label else ''} / kubectl ({kind})"
+            print(f"{title:<44} {ratio:8.2f}x")
 
 
 def extract(rev: str, into: Path) -> Path:
@@ -141,6 +150,7 @@ def extract(rev: str, into: Path) -> Path:
     ).stdout
     into.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    compile_bytecode(into)  # as this checkout's: compiled once, not on every run
     return into
 
 
@@ -197,26 +207,35 @@ def bench_real_node(args: argparse.Namespace) -> None:
     path = f"/apis/hotmount.io/v1alpha1/namespaces/{namespace}/gpumounts/{pod}"
     env = {**os.environ, "KUBECONFIG": config}
     python = sys.executable
+    status = [python, "-m", "cli.main", "status", "--name", pod, "-n", namespace]
     found = {
         "python -c pass": [python, "-c", "pass"],
-        "nvcli status (aggregated, kubeconfig)": [
-            python, "-m", "cli.main", "status", "--name", pod, "-n", namespace,
-        ],
+        "nvcli status (aggregated, kubeconfig)": status,
         "kubectl get --raw (the same path)": ["kubectl", "get", "--raw", path],
-    }  # fmt: skip
-    report(f"real node, {path}", *measure(found, args.iterations, env))
+    }
+    cwds = {}
+    if args.before:  # interleaved with the others, from the old tree
+        before = f"nvcli status (aggregated, kubeconfig) before: {args.before}"
+        found[before] = status
+        cwds[before] = extract(args.before, Path(tempfile.mkdtemp(prefix="nvcli-bench-")) / "old")
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout
+    print(f"{args.iterations} runs each; {uptime.strip()}")
+    try:
+        report(f"real node, {path}", *measure(found, args.iterations, env, cwds=cwds))
+    finally:
+        for old in cwds.values():
+            shutil.rmtree(old.parent, ignore_errors=True)
 
 
-def compile_bytecode() -> None:
-    """As an installed nvcli has it (pip compiles on install): this checkout's modules
-    compiled once, since PYTHONDONTWRITEBYTECODE (set on these machines) would otherwise
-    have every run compile them from source again."""
+def compile_bytecode(root: Path = REPO) -> None:
+    """As an installed nvcli has it (pip compiles on install): the tree's modules compiled
+    once, since PYTHONDONTWRITEBYTECODE (set on these machines) would otherwise have every
+    run compile them from source again."""
     import compileall
 
-    root = Path(__file__).resolve().parents[1]
     for package in ("cli", "agent", "hotmount"):
         compileall.compile_dir(root / package, quiet=1)
-    print("bytecode: cli/, agent/, hotmount/ compiled first, as an installed nvcli has them")
+    print(f"bytecode: {root}'s cli/, agent/, hotmount/ compiled first, as installed")
 
 
 def main() -> int:

@@ -36,14 +36,12 @@ on a standalone agent (`hotmount-agent --no-kubernetes`).
 
 from __future__ import annotations
 
-import logging
 import ssl
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import quote
 
-import httpx
+from cli.http import HttpClient, HttpError, HttpTimeout, Response, tls_context
 
 if TYPE_CHECKING:  # at run time imported on first use: `nvcli status` needs no pydantic
     from types import ModuleType
@@ -114,7 +112,6 @@ __all__ = [
     "status_from_response",
 ]
 
-log = logging.getLogger("nvcli.http")
 M = TypeVar("M", bound="BaseModel")
 
 API_GROUP = "hotmount.io"
@@ -122,13 +119,13 @@ API_VERSION = "v1alpha1"
 AGGREGATED_PREFIX = f"/apis/{API_GROUP}/{API_VERSION}"
 
 
-def status_from_response(response: httpx.Response) -> Status:
+def status_from_response(response: Response) -> Status:
     """Parse an error body; the API server's own `Status` (with `metadata`) and non-JSON too."""
     from pydantic import ValidationError
 
     from agent.schemas import Status
 
-    code = response.status_code
+    code = response.status
     try:
         body = response.json()
     except ValueError:
@@ -143,8 +140,8 @@ def status_from_response(response: httpx.Response) -> Status:
             )
         except (ValidationError, TypeError, ValueError):
             pass
-    text = response.text.strip()[:300] or response.reason_phrase
-    return make_status(code, f"{response.request.method} {response.request.url.path}: {text}")
+    text = response.text.strip()[:300] or response.reason
+    return make_status(code, f"{response.method} {response.path}: {text}")
 
 
 # -- transports -----------------------------------------------------------------------------
@@ -153,7 +150,7 @@ def status_from_response(response: httpx.Response) -> Status:
 class Transport(Protocol):
     """One way of reaching the agent. Methods return the agent's models or raise."""
 
-    http: httpx.Client
+    http: HttpClient
     description: str
 
     def mount(self, namespace: str, pod: str, request: MountRequest) -> MountResult: ...
@@ -177,20 +174,18 @@ class Transport(Protocol):
 
 
 class _Base:
-    def __init__(self, http: httpx.Client, description: str) -> None:
+    def __init__(self, http: HttpClient, description: str) -> None:
         self.http = http
         self.description = description
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self.http.request(method, path, **kwargs)
-        except httpx.TimeoutException as exc:
-            log.info("%s %s: timed out", method, path)
+        except HttpTimeout as exc:
             raise Timeout(
                 make_status(504, f"no answer from {self.description} in time ({exc})", "Timeout")
             ) from exc
-        except httpx.TransportError as exc:
-            log.info("%s %s: %s", method, path, exc)
+        except HttpError as exc:
             raise Unavailable(
                 make_status(503, f"cannot reach {self.description}: {exc}", "ServiceUnavailable")
             ) from exc
@@ -261,7 +256,7 @@ class AgentTransport(_Base):
         data = self._call(
             "POST",
             f"/v1/namespaces/{_segment(namespace)}/pods/{_segment(pod)}/devices",
-            json=_dump(request),
+            body=_dump(request),
         )
         return self._parse("MountResult", data, "MountResult")
 
@@ -328,13 +323,13 @@ class AgentTransport(_Base):
         return [listing]
 
     def move(self, request: ReassignRequest) -> ReassignResult:
-        data = self._call("POST", "/v1/reassign", json=_dump(request))
+        data = self._call("POST", "/v1/reassign", body=_dump(request))
         return self._parse("ReassignResult", data, "ReassignResult")
 
     # standalone agents (`--no-kubernetes`): containers by ID
     def mount_container(self, container_id: str, request: MountRequest) -> MountResult:
         data = self._call(
-            "POST", f"/v1/containers/{_segment(container_id)}/devices", json=_dump(request)
+            "POST", f"/v1/containers/{_segment(container_id)}/devices", body=_dump(request)
         )
         return self._parse("MountResult", data, "MountResult")
 
@@ -380,7 +375,7 @@ class AggregatedTransport(_Base):
             "spec": _dump(request),
         }
         data = self._call(
-            "POST", f"{AGGREGATED_PREFIX}/namespaces/{_segment(namespace)}/gpumounts", json=body
+            "POST", f"{AGGREGATED_PREFIX}/namespaces/{_segment(namespace)}/gpumounts", body=body
         )
         return self._parse("MountResult", _status_of(data), "GPUMount status")
 
@@ -440,7 +435,7 @@ class AggregatedTransport(_Base):
             path = f"{AGGREGATED_PREFIX}/namespaces/{_segment(namespace)}/reassignments"
         else:
             path = f"{AGGREGATED_PREFIX}/reassignments"
-        data = self._call("POST", path, json=body)
+        data = self._call("POST", path, body=body)
         return self._parse("ReassignResult", _status_of(data), "Reassignment status")
 
 
@@ -473,68 +468,33 @@ def merge_unmounts(results: list[UnmountResult]) -> UnmountResult:
 # -- HTTP plumbing --------------------------------------------------------------------------
 
 
-class _BearerAuth(httpx.Auth):
-    """`Authorization` from a fixed token, or asked of a callable on every request."""
-
-    def __init__(self, header: str | None = None, provider: Any = None) -> None:
-        self.header = header
-        self.provider = provider
-
-    def auth_flow(self, request: httpx.Request) -> Any:
-        value = self.provider() if self.provider is not None else self.header
-        if value:
-            request.headers["Authorization"] = value
-        yield request
-
-
-def _log_request(request: httpx.Request) -> None:
-    request.extensions["nvcli_start"] = time.monotonic()
-    if log.isEnabledFor(logging.DEBUG):
-        headers = {
-            k: ("<masked>" if k.lower() == "authorization" else v)
-            for k, v in request.headers.items()
-        }
-        log.debug("request headers: %s", headers)
-        if request.content:
-            log.debug("request body: %s", request.content.decode(errors="replace")[:4096])
-
-
-def _log_response(response: httpx.Response) -> None:
-    start = response.request.extensions.get("nvcli_start", time.monotonic())
-    elapsed = (time.monotonic() - start) * 1000
-    log.info(
-        "%s %s %d %s in %.0f milliseconds",
-        response.request.method,
-        response.request.url,
-        response.status_code,
-        response.reason_phrase,
-        elapsed,
-    )
-
-
 def http_client(
     base_url: str,
     *,
     verify: ssl.SSLContext | bool | str = True,
-    auth: httpx.Auth | None = None,
+    authorization: Callable[[], str | None] | None = None,
     timeout: float | None = DEFAULT_TIMEOUT,
     proxy: str | None = None,
-    transport: httpx.BaseTransport | None = None,
+    server_name: str | None = None,
     headers: Mapping[str, str] | None = None,
-) -> httpx.Client:
-    """The httpx client both transports use: timeouts, logging hooks, a User-Agent."""
-    if isinstance(verify, str):
-        verify = ssl.create_default_context(cafile=verify)
-    return httpx.Client(
-        base_url=base_url,
-        verify=verify,
-        auth=auth,
-        timeout=httpx.Timeout(timeout),
-        proxy=proxy,
-        transport=transport,
-        headers={"User-Agent": f"nvcli/{__version__}", **(headers or {})},
-        event_hooks={"request": [_log_request], "response": [_log_response]},
-    )
+) -> HttpClient:
+    """The HTTP client both transports use: TLS, a timeout, a User-Agent.
+
+    `verify`: an `ssl.SSLContext`, a CA bundle's path, True (the system's trust store)
+    or False (no verification). `authorization` is asked for the header on each request.
+    """
+    try:
+        return HttpClient(
+            base_url,
+            context=tls_context(verify) if base_url.startswith("https:") else None,
+            authorization=authorization,
+            timeout=timeout,
+            proxy=proxy,
+            server_name=server_name,
+            headers={"User-Agent": f"nvcli/{__version__}", **(headers or {})},
+        )
+    except ValueError as exc:  # not an http(s) URL, or a proxy nvcli cannot use
+        raise InvalidRequest(make_status(400, str(exc), "BadRequest")) from exc
 
 
 # -- the client -----------------------------------------------------------------------------
@@ -558,11 +518,10 @@ class HotmountClient:
         *,
         verify: ssl.SSLContext | bool | str = True,
         timeout: float | None = DEFAULT_TIMEOUT,
-        transport: httpx.BaseTransport | None = None,
     ) -> HotmountClient:
         """Call an agent directly (its `/v1` paths) with a bearer token."""
-        auth = _BearerAuth(f"Bearer {token}") if token else None
-        http = http_client(url, verify=verify, auth=auth, timeout=timeout, transport=transport)
+        header = f"Bearer {token}" if token else None
+        http = http_client(url, verify=verify, authorization=lambda: header, timeout=timeout)
         return cls(AgentTransport(http, f"the agent at {url}"))
 
     @classmethod

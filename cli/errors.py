@@ -1,4 +1,4 @@
-"""The client's exception tree and exit codes, importable without httpx or pydantic.
+"""The client's exception tree and exit codes, importable without HTTP or pydantic.
 
 `cli.client` re-exports everything here; nvcli imports this module at start so that
 `--help` and `version` pay for neither (`agent.schemas` is imported on first use).

@@ -26,7 +26,7 @@ from cli.cleartext import refuse_plain_credentials
 from cli.errors import DEFAULT_TIMEOUT, HotmountClientError, make_status
 
 if TYPE_CHECKING:
-    import httpx
+    from cli.http import HttpClient
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
 _PLUGIN_KEYS = ("exec", "auth-provider")
@@ -292,27 +292,16 @@ def authorization(cfg: Any) -> str | None:
 
 
 def aggregated_http_client(
-    kube: KubeContext,
-    *,
-    timeout: float | None = DEFAULT_TIMEOUT,
-    transport: httpx.BaseTransport | None = None,
-) -> httpx.Client:
-    from cli.client import _BearerAuth, http_client
+    kube: KubeContext, *, timeout: float | None = DEFAULT_TIMEOUT
+) -> HttpClient:
+    from cli.client import http_client
 
     cfg = kube.configuration
-    tls_server_name = getattr(cfg, "tls_server_name", None)
-    client = http_client(
+    return http_client(
         kube.server,
         verify=ssl_context(cfg),
-        auth=_BearerAuth(provider=lambda: authorization(cfg)),
+        authorization=lambda: authorization(cfg),
         timeout=timeout,
         proxy=cfg.proxy or None,
-        transport=transport,
+        server_name=getattr(cfg, "tls_server_name", None),
     )
-    if tls_server_name:
-
-        def _sni(request: httpx.Request) -> None:
-            request.extensions["sni_hostname"] = tls_server_name
-
-        client.event_hooks["request"].insert(0, _sni)
-    return client

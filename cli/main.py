@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from cli.client import HotmountClient
 
 # Start-up time is most of a call's wall time (docs/api.md, "nvcli"): this module imports
-# typer and the cheap cli.errors and cli.output only. httpx, pydantic, the agent's models
-# (cli.client), the kubeconfig reader and the engine (cli.local) are imported by the
-# commands that use them; tests/cli/test_imports.py holds --help and version to that.
+# typer and the cheap cli.errors and cli.output only. The client (cli.client, cli.http),
+# pydantic and the agent's models, the kubeconfig reader and the engine (cli.local) are
+# imported by the commands that use them; tests/cli/test_imports.py holds that.
 
 app = typer.Typer(
     name="nvcli",
@@ -151,7 +151,7 @@ _COMMON_OPTIONS: dict[str, Any] = {
         typer.Option(
             "--certificate-authority",
             metavar="PATH",
-            help="CA that signed the --agent's certificate",
+            help="CA that signed the --agent's certificate (default: the system's trust store)",
         ),
     ],
     "insecure_skip_tls_verify": Annotated[
@@ -845,17 +845,8 @@ def version(opts: Common) -> None:
     emit({"clientVersion": {"version": __version__}}, opts)
 
 
-def _skip_httpx_command_line() -> None:
-    """httpx's `__init__` imports its own command line (click, rich, pygments: a tenth of
-    a second) when they are installed, as typer's dependencies are; nvcli never runs it.
-    A `None` in `sys.modules` makes that import fail, which httpx expects and handles."""
-    if "httpx" not in sys.modules:
-        sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
-
-
 def main(argv: list[str] | None = None) -> int:
     """The `nvcli` console script; returns (and exits with) the exit status."""
-    _skip_httpx_command_line()
     try:
         app(args=argv, prog_name="nvcli", standalone_mode=True)
     except SystemExit as exc:

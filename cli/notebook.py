@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the client (httpx, pydantic) loads on the first call, not at %load_ext
+if TYPE_CHECKING:  # the client (pydantic) loads on the first call, not at %load_ext
     from agent.schemas import DeviceList, MountResult, PodDevices, UnmountResult
     from cli.client import HotmountClient
 

@@ -1,12 +1,13 @@
-"""The importable client against httpx.MockTransport: paths, bodies, results, the error tree."""
+"""The importable client against a real recording HTTP server: paths, bodies, results, the
+error tree."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from typing import Any
 
-import httpx
 import pytest
 
 from agent.schemas import PodRef
@@ -26,9 +27,11 @@ from cli.client import (
     http_client,
 )
 from tests.cli.stub_agent import CONTAINER_ID, GPUS, _mounted, status
+from tests.support.http_recorder import RecordingServer, Reply, Seen
 
 UUID0, UUID1 = GPUS[0]["uuid"], GPUS[1]["uuid"]
-Handler = Callable[[httpx.Request], httpx.Response]
+Handler = Callable[[Seen], Reply]
+Serve = Callable[..., tuple[HotmountClient, list[Seen]]]
 
 
 def mount_result(**over: Any) -> dict[str, Any]:
@@ -85,85 +88,89 @@ def reassign_result(force: bool = False) -> dict[str, Any]:
     }
 
 
-def client(handler: Handler, aggregated: bool = False) -> tuple[HotmountClient, list]:
-    seen: list[httpx.Request] = []
+@pytest.fixture
+def serve() -> Iterator[Serve]:
+    """`serve(handler, aggregated=False)`: a client of a real server answering from
+    `handler`, and the requests that server received."""
+    with ExitStack() as stack:
 
-    def record(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return handler(request)
+        def start(handler: Handler, aggregated: bool = False) -> tuple[HotmountClient, list[Seen]]:
+            server = stack.enter_context(RecordingServer(handler))
+            kind = AggregatedTransport if aggregated else AgentTransport
+            http = http_client(server.url, timeout=30)
+            hm = stack.enter_context(HotmountClient(kind(http, "the test agent")))
+            return hm, server.seen
 
-    http = http_client("https://agent.test", transport=httpx.MockTransport(record))
-    kind = AggregatedTransport if aggregated else AgentTransport
-    return HotmountClient(kind(http, "the test agent")), seen
+        yield start
 
 
 # -- /v1 -------------------------------------------------------------------------------------
 
 
-def test_agent_mount_posts_a_mount_request() -> None:
-    hm, seen = client(lambda r: httpx.Response(200, json=mount_result()))
+def test_agent_mount_posts_a_mount_request(serve: Serve) -> None:
+    hm, seen = serve(lambda r: Reply(200, json=mount_result()))
     result = hm.mount("ml", "nb-0", devices=["0", "nvidia.com/gpu=1"], container="main")
     assert result.mounted[0].key == UUID0 and result.container_id == CONTAINER_ID
     (req,) = seen
-    assert (req.method, req.url.path) == ("POST", "/v1/namespaces/ml/pods/nb-0/devices")
-    assert json.loads(req.content) == {
+    assert (req.method, req.path) == ("POST", "/v1/namespaces/ml/pods/nb-0/devices")
+    assert req.json() == {
         "container": "main",
         "devices": ["0", "nvidia.com/gpu=1"],
         "force": False,
     }
 
 
-def test_agent_mount_by_count() -> None:
-    hm, seen = client(lambda r: httpx.Response(200, json=mount_result(holderPod="nb-0-h")))
+def test_agent_mount_by_count(serve: Serve) -> None:
+    hm, seen = serve(lambda r: Reply(200, json=mount_result(holderPod="nb-0-h")))
     assert hm.mount("ml", "nb-0", count=2).holder_pod == "nb-0-h"
-    assert json.loads(seen[0].content) == {"count": 2, "force": False}
+    assert seen[0].json() == {"count": 2, "force": False}
 
 
-def test_agent_unmount_one_delete_per_device_merged() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        key = UUID0 if request.url.path.endswith("/0") else UUID1
-        return httpx.Response(200, json=unmount_result(key, [7]))
+def test_agent_unmount_one_delete_per_device_merged(serve: Serve) -> None:
+    def handler(request: Seen) -> Reply:
+        key = UUID0 if request.path.endswith("/0") else UUID1
+        return Reply(200, json=unmount_result(key, [7]))
 
-    hm, seen = client(handler)
+    hm, seen = serve(handler)
     result = hm.unmount("ml", "nb-0", devices=["0", "nvidia.com/gpu=1"], force=True)
     assert result.unmounted == [UUID0, UUID1] and result.stopped_pids == [7]
-    assert [r.url.raw_path.decode() for r in seen] == [
+    assert [r.raw_path for r in seen] == [
         "/v1/namespaces/ml/pods/nb-0/devices/0?force=true",
         "/v1/namespaces/ml/pods/nb-0/devices/nvidia.com%2Fgpu%3D1?force=true",
     ]
 
 
-def test_agent_unmount_all_asks_status_first() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
+def test_agent_unmount_all_asks_status_first(serve: Serve) -> None:
+    def handler(request: Seen) -> Reply:
         if request.method == "GET":
-            return httpx.Response(200, json=pod_devices())
-        return httpx.Response(200, json=unmount_result(UUID1))
+            return Reply(200, json=pod_devices())
+        return Reply(200, json=unmount_result(UUID1))
 
-    hm, seen = client(handler)
+    hm, seen = serve(handler)
     assert hm.unmount("ml", "nb-0", container="main").unmounted == [UUID1]
-    assert [(r.method, r.url.path) for r in seen] == [
+    assert [(r.method, r.path) for r in seen] == [
         ("GET", "/v1/namespaces/ml/pods/nb-0/devices"),
         ("DELETE", f"/v1/namespaces/ml/pods/nb-0/devices/{UUID1}"),
     ]
-    assert seen[1].url.params["container"] == "main"
+    assert seen[1].params["container"] == "main"
 
 
-def test_agent_status_list_move() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/devices":
-            return httpx.Response(200, json=device_list())
-        if request.url.path == "/v1/reassign":
-            return httpx.Response(200, json=reassign_result(force=True))
-        return httpx.Response(200, json=pod_devices())
+def test_agent_status_list_move(serve: Serve) -> None:
+    def handler(request: Seen) -> Reply:
+        if request.path == "/v1/devices":
+            return Reply(200, json=device_list())
+        if request.path == "/v1/reassign":
+            return Reply(200, json=reassign_result(force=True))
+        return Reply(200, json=pod_devices())
 
-    hm, seen = client(handler)
+    hm, seen = serve(handler)
     assert hm.status("ml", "nb-0").containers[0].devices[0].key == UUID1
     assert [d.node for d in hm.list_devices()] == ["node-a"]
     with pytest.raises(NotFound):
         hm.list_devices("node-b")  # a direct agent serves its own node only
     moved = hm.move("0", ("a", "p"), PodRef(namespace="b", pod="q", container="main"), force=True)
     assert moved.unmounted.stopped_pids == [4242]
-    assert json.loads(seen[-1].content) == {
+    assert seen[-1].json() == {
         "device": "0",
         "from": {"namespace": "a", "pod": "p"},
         "to": {"namespace": "b", "pod": "q", "container": "main"},
@@ -172,39 +179,36 @@ def test_agent_status_list_move() -> None:
 
 
 def test_agent_sends_the_bearer_token() -> None:
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json=device_list())
-
-    hm = HotmountClient.for_agent(
-        "http://agent.test", "s3cret", transport=httpx.MockTransport(handler)
-    )
-    with hm:
+    reply = Reply(200, json=device_list())
+    with (
+        RecordingServer(lambda r: reply) as server,
+        HotmountClient.for_agent(server.url, "s3cret") as hm,
+    ):
         hm.list_devices()
-    assert seen[0].headers["Authorization"] == "Bearer s3cret"
-    assert seen[0].headers["User-Agent"].startswith("nvcli/")
+        hm.list_devices()
+    assert [r.headers["authorization"] for r in server.seen] == ["Bearer s3cret"] * 2
+    assert server.seen[0].headers["user-agent"].startswith("nvcli/")
+    assert server.seen[0].client_port == server.seen[1].client_port  # one connection kept
 
 
-def test_standalone_container_paths() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
+def test_standalone_container_paths(serve: Serve) -> None:
+    def handler(request: Seen) -> Reply:
         if request.method == "POST":
-            return httpx.Response(200, json=mount_result(namespace=None, pod=None))
+            return Reply(200, json=mount_result(namespace=None, pod=None))
         if request.method == "DELETE":
-            return httpx.Response(200, json=unmount_result(UUID0))
-        return httpx.Response(200, json=pod_devices())
+            return Reply(200, json=unmount_result(UUID0))
+        return Reply(200, json=pod_devices())
 
-    hm, seen = client(handler)
+    hm, seen = serve(handler)
     hm.mount_container(CONTAINER_ID, ["0"])
     hm.unmount_container(CONTAINER_ID, ["0"])
     hm.container_status(CONTAINER_ID)
-    assert [r.url.path for r in seen] == [
+    assert [r.path for r in seen] == [
         f"/v1/containers/{CONTAINER_ID}/devices",
         f"/v1/containers/{CONTAINER_ID}/devices/0",
         f"/v1/containers/{CONTAINER_ID}/devices",
     ]
-    aggregated, _ = client(handler, aggregated=True)
+    aggregated, _ = serve(handler, aggregated=True)
     with pytest.raises(InvalidRequest):
         aggregated.mount_container(CONTAINER_ID, ["0"])
 
@@ -212,23 +216,23 @@ def test_standalone_container_paths() -> None:
 # -- hotmount.io/v1alpha1 ------------------------------------------------------------------------
 
 
-def test_aggregated_paths_and_objects() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        path = request.url.path
+def test_aggregated_paths_and_objects(serve: Serve) -> None:
+    def handler(request: Seen) -> Reply:
+        path = request.path
         if path.endswith("/gpumounts") and request.method == "POST":
-            return httpx.Response(201, json={"kind": "GPUMount", "status": mount_result()})
+            return Reply(201, json={"kind": "GPUMount", "status": mount_result()})
         if request.method == "DELETE":
-            return httpx.Response(200, json={"kind": "GPUMount", "status": unmount_result(UUID0)})
+            return Reply(200, json={"kind": "GPUMount", "status": unmount_result(UUID0)})
         if path.endswith("/gpumounts/nb-0"):
-            return httpx.Response(200, json={"kind": "GPUMount", "status": pod_devices()})
+            return Reply(200, json={"kind": "GPUMount", "status": pod_devices()})
         if path.endswith("/nodedevices"):
             items = [{"metadata": {"name": n}, "status": device_list(n)} for n in ("a", "b")]
-            return httpx.Response(200, json={"kind": "NodeDevicesList", "items": items})
+            return Reply(200, json={"kind": "NodeDevicesList", "items": items})
         if "/nodedevices/" in path:
-            return httpx.Response(200, json={"metadata": {"name": "a"}, "status": device_list("a")})
-        return httpx.Response(201, json={"kind": "Reassignment", "status": reassign_result()})
+            return Reply(200, json={"metadata": {"name": "a"}, "status": device_list("a")})
+        return Reply(201, json={"kind": "Reassignment", "status": reassign_result()})
 
-    hm, seen = client(handler, aggregated=True)
+    hm, seen = serve(handler, aggregated=True)
     hm.mount("ml", "nb-0", devices=["0"])
     hm.unmount("ml", "nb-0", devices=["0", "1"], container="main", force=True)
     hm.unmount("ml", "nb-0")
@@ -239,7 +243,7 @@ def test_aggregated_paths_and_objects() -> None:
 
     prefix = "/apis/hotmount.io/v1alpha1"
     query = "device=0&device=1&force=true&container=main"
-    assert [(r.method, r.url.raw_path.decode()) for r in seen] == [
+    assert [(r.method, r.raw_path) for r in seen] == [
         ("POST", f"{prefix}/namespaces/ml/gpumounts"),
         ("DELETE", f"{prefix}/namespaces/ml/gpumounts/nb-0?{query}"),
         ("DELETE", f"{prefix}/namespaces/ml/gpumounts/nb-0"),
@@ -248,13 +252,13 @@ def test_aggregated_paths_and_objects() -> None:
         ("GET", f"{prefix}/nodedevices/a"),
         ("POST", f"{prefix}/reassignments"),
     ]  # fmt: skip
-    assert json.loads(seen[0].content) == {
+    assert seen[0].json() == {
         "apiVersion": "hotmount.io/v1alpha1",
         "kind": "GPUMount",
         "metadata": {"name": "nb-0", "namespace": "ml"},
         "spec": {"devices": ["0"], "force": False},
     }
-    move = json.loads(seen[-1].content)
+    move = seen[-1].json()
     assert move["kind"] == "Reassignment" and move["spec"]["from"] == {"namespace": "a", "pod": "p"}
 
 
@@ -286,11 +290,11 @@ ERRORS = [
 
 @pytest.mark.parametrize(("code", "reason", "exc", "exit_code"), ERRORS, ids=[e[1] for e in ERRORS])
 def test_every_status_reason_maps_to_an_exception_and_exit_code(
-    code: int, reason: str, exc: type[HotmountClientError], exit_code: int
+    code: int, reason: str, exc: type[HotmountClientError], exit_code: int, serve: Serve
 ) -> None:
     details = {"holders": [{"pid": 4242, "command": "python", "path": "/dev/nvidia0"}]}
     body = status(code, reason, f"it failed: {reason}", details)
-    hm, _ = client(lambda r: httpx.Response(code, json=body))
+    hm, _ = serve(lambda r: Reply(code, json=body))
     with pytest.raises(HotmountClientError) as err:
         hm.mount("ml", "nb-0", devices=["0"])
     assert type(err.value) is exc
@@ -301,36 +305,43 @@ def test_every_status_reason_maps_to_an_exception_and_exit_code(
         assert err.value.holders[0]["pid"] == 4242
 
 
-def test_the_api_servers_own_status_and_non_json_errors() -> None:
+def test_the_api_servers_own_status_and_non_json_errors(serve: Serve) -> None:
     apiserver_status = {**status(403, "Forbidden", "gpumounts is forbidden"), "metadata": {}}
-    hm, _ = client(lambda r: httpx.Response(403, json=apiserver_status), aggregated=True)
+    hm, _ = serve(lambda r: Reply(403, json=apiserver_status), aggregated=True)
     with pytest.raises(Forbidden, match="forbidden"):
         hm.status("ml", "nb-0")
-    hm, _ = client(lambda r: httpx.Response(502, text="<html>bad gateway</html>"))
+    hm, _ = serve(lambda r: Reply(502, text="<html>bad gateway</html>"))
     with pytest.raises(Unavailable) as err:
         hm.status("ml", "nb-0")
     assert err.value.reason == "BadGateway" and "bad gateway" in err.value.message
 
 
 def test_http_timeouts_and_connection_failures() -> None:
-    def slow(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("timed out", request=request)
+    answered = threading.Event()
 
-    def refused(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
+    def slow(request: Seen) -> Reply:
+        answered.wait(10)  # longer than the client waits; released when the test ends
+        return Reply(200, json=mount_result())
 
-    hm, _ = client(slow)
-    with pytest.raises(Timeout) as err:
-        hm.mount("ml", "nb-0", count=1)
-    assert err.value.exit_code == 6
-    hm, _ = client(refused)
-    with pytest.raises(Unavailable) as unavailable:
+    with RecordingServer(slow) as server:
+        http = http_client(server.url, timeout=0.2)
+        with HotmountClient(AgentTransport(http, "the agent")) as hm:
+            with pytest.raises(Timeout) as err:
+                hm.mount("ml", "nb-0", count=1)
+            answered.set()
+    assert err.value.exit_code == 6 and err.value.reason == "Timeout"
+    # Nothing listens on the port a closed server had.
+    with (
+        HotmountClient.for_agent(server.url, timeout=5) as hm,
+        pytest.raises(Unavailable) as unavailable,
+    ):
         hm.list_devices()
     assert unavailable.value.exit_code == 1
+    assert "refused" in unavailable.value.message.lower()
 
 
-def test_bad_requests_are_refused_before_sending() -> None:
-    hm, seen = client(lambda r: httpx.Response(200, json=mount_result()))
+def test_bad_requests_are_refused_before_sending(serve: Serve) -> None:
+    hm, seen = serve(lambda r: Reply(200, json=mount_result()))
     with pytest.raises(InvalidRequest, match="either devices or count"):
         hm.mount("ml", "nb-0", devices=["0"], count=1)
     with pytest.raises(InvalidRequest):
@@ -340,7 +351,7 @@ def test_bad_requests_are_refused_before_sending() -> None:
     assert seen == []
 
 
-def test_an_answer_that_does_not_match_the_schema() -> None:
-    hm, _ = client(lambda r: httpx.Response(200, json={"unexpected": True}))
+def test_an_answer_that_does_not_match_the_schema(serve: Serve) -> None:
+    hm, _ = serve(lambda r: Reply(200, json={"unexpected": True}))
     with pytest.raises(HotmountClientError, match="unexpected answer"):
         hm.status("ml", "nb-0")

@@ -24,17 +24,18 @@ REPO = Path(__file__).resolve().parents[2]
 # What `import cli.main` must not pull in; each costs tens of milliseconds or more.
 HEAVY = (
     "kubernetes",  # the official client: only for exec and auth-provider kubeconfigs
-    "rich",  # typer's and httpx's pretty output: nvcli prints plain text
-    "pygments",  # with rich, httpx's own command line
-    "httpx",
+    "rich",  # typer's pretty output: nvcli prints plain text
+    "pygments",  # with rich
+    "httpx",  # the agent's HTTP client; nvcli's is cli/http.py
     "pydantic",
     "agent",  # the agent's models, built at import
     "hotmount",  # the engine: --local only
     "yaml",
     "importlib.metadata",
 )
-# Never, whatever the command: the output and the kubeconfig do not need them.
-NEVER = ("kubernetes", "rich", "pygments", "hotmount.engine")
+# Never, whatever the command: the output and the kubeconfig do not need them, and
+# nvcli speaks HTTP with the standard library's http.client (cli/http.py).
+NEVER = ("kubernetes", "rich", "pygments", "hotmount.engine", "httpx", "httpcore", "h11")
 # Not for `nvcli status`, which renders the agent's JSON as it came.
 MODELS = ("pydantic", "agent.schemas")
 

@@ -2,7 +2,7 @@
 
 The rootfs is `mmdebstrap --variant=minbase bookworm` with `python3-ipython` (cached
 under /var/cache/gpu-hotmount by its inputs, as scripts/build-image.sh caches the
-agent's base), plus `/opt/gpu-hotmount` (the project's venv: cli.notebook, httpx,
+agent's base), plus `/opt/gpu-hotmount` (the project's venv: cli.notebook,
 pydantic) taken from the agent image the tier already built. The system python3 (the
 same 3.11 the venv was made with) runs IPython with the venv's site-packages on
 PYTHONPATH, as a notebook image with `pip install gpu-hotmount[notebook]` would have

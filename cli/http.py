@@ -1,0 +1,277 @@
+"""JSON over HTTP(S) for nvcli and %gpu, on the standard library's `http.client`.
+
+Why not httpx, which the agent uses: most of an nvcli call's wall time is Python
+importing (issue 10), and httpx with httpcore and h11 was a fifth of `nvcli status`
+(bench/cli_bench.py). What the client needs is small and `http.client` has all of it:
+one server, a connection kept open across a command's few calls, timeouts, TLS from an
+`ssl.SSLContext` (with kubectl's `tls-server-name`), an HTTP proxy (the kubeconfig's
+`proxy-url`, else the environment's, as kubectl has them), and an `Authorization`
+header asked for on each request, so that plugin tokens are refreshed.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import logging
+import os
+import select
+import ssl
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import SplitResult, quote, unquote, urlencode, urlsplit
+
+log = logging.getLogger("nvcli.http")
+
+Params = Mapping[str, str] | Sequence[tuple[str, str]]
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+class HttpError(Exception):
+    """The server could not be reached, or broke off without an answer."""
+
+
+class HttpTimeout(HttpError):
+    """No connection, or no answer, within the timeout."""
+
+
+@dataclass(frozen=True)
+class Response:
+    method: str
+    path: str  # the path asked for, without the query: for error messages
+    status: int
+    reason: str
+    body: bytes
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status < 300
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        """The body as JSON; `ValueError` when it is not."""
+        return json.loads(self.body)
+
+
+@dataclass(frozen=True)
+class Proxy:
+    host: str
+    port: int
+    authorization: str | None  # Proxy-Authorization, from the proxy URL's user:password
+
+    @classmethod
+    def parse(cls, url: str) -> Proxy:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(
+                f"proxy {_without_password(parts)}: only http:// proxies are supported"
+            )
+        authorization = None
+        if parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            authorization = "Basic " + base64.b64encode(pair.encode()).decode()
+        return cls(parts.hostname, parts.port or 80, authorization)
+
+
+def _without_password(parts: SplitResult) -> str:
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}"
+
+
+def environment_proxy(scheme: str, host: str) -> str | None:
+    """The proxy kubectl (Go's `ProxyFromEnvironment`) would use: `HTTPS_PROXY` or
+    `HTTP_PROXY` by scheme, never for loopback, not for hosts `NO_PROXY` names."""
+    if host in _LOOPBACK_NAMES or host.startswith("127."):
+        return None
+    if not any(key.lower() == f"{scheme}_proxy" for key in os.environ):
+        return None  # the common case, without importing urllib.request
+    import urllib.request
+
+    proxies = urllib.request.getproxies_environment()
+    if scheme not in proxies or urllib.request.proxy_bypass_environment(host, proxies):
+        return None
+    return proxies[scheme]
+
+
+class _TLSConnection(http.client.HTTPSConnection):
+    """TLS with the name to send as SNI and to check the certificate against given
+    apart from the host dialled: kubeconfig's `tls-server-name`, or through a proxy."""
+
+    def __init__(
+        self, host: str, port: int, *, context: ssl.SSLContext, timeout: float | None,
+        server_name: str,
+    ) -> None:  # fmt: skip
+        super().__init__(host, port, timeout=timeout, context=context)
+        self.tls = context
+        self.server_name = server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)  # TCP, and the proxy's CONNECT if set
+        self.sock = self.tls.wrap_socket(self.sock, server_hostname=self.server_name)
+
+
+class HttpClient:
+    """Requests to one server (`base_url`, whose path prefixes every path)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        context: ssl.SSLContext | None = None,
+        authorization: Callable[[], str | None] | None = None,
+        timeout: float | None = None,
+        proxy: str | None = None,
+        server_name: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{base_url!r} is not an http:// or https:// URL")
+        self.base_url = base_url.rstrip("/")
+        self.scheme, self.host = parts.scheme, parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.prefix = parts.path.rstrip("/")
+        self.context = context
+        if parts.scheme == "https" and context is None:
+            self.context = ssl.create_default_context()
+        self.server_name = server_name or self.host
+        self.authorization = authorization
+        self.timeout = timeout
+        chosen = proxy or environment_proxy(parts.scheme, self.host)
+        self.proxy = Proxy.parse(chosen) if chosen else None
+        self.headers = dict(headers or {})
+        self._connection: http.client.HTTPConnection | None = None
+
+    def request(
+        self, method: str, path: str, *, params: Params | None = None, body: Any = None
+    ) -> Response:
+        """One request, `body` sent as JSON; the whole answer, whatever its status.
+        `HttpTimeout` or `HttpError` when there is no answer."""
+        target = self.prefix + path
+        if params:
+            target += "?" + urlencode(params, quote_via=quote)
+        headers = {**self.headers, "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self.authorization is not None and (value := self.authorization()):
+            if self.proxy and self.scheme == "http":
+                raise HttpError(
+                    f"refusing to send credentials to {self.base_url} through the proxy "
+                    f"{self.proxy.host}:{self.proxy.port} in clear text: use https"
+                )
+            headers["Authorization"] = value
+        if self.proxy and self.scheme == "http" and self.proxy.authorization:
+            headers["Proxy-Authorization"] = self.proxy.authorization  # no tunnel to carry it
+        started = time.monotonic()
+        self._log_request(method, target, headers, data)
+        try:
+            connection = self._connection_to_use()
+            connection.request(method, self._request_target(target), data, headers)
+            answer = connection.getresponse()
+            content = answer.read()
+        except TimeoutError as exc:
+            self.close()
+            raise HttpTimeout(f"{method} {self.base_url}{target}: timed out") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            why = str(exc) or type(exc).__name__
+            raise HttpError(f"{method} {self.base_url}{target}: {why}") from exc
+        log.info(
+            "%s %s%s %d %s in %.0f milliseconds",
+            method, self.base_url, target, answer.status, answer.reason,
+            (time.monotonic() - started) * 1000,
+        )  # fmt: skip
+        return Response(method, self.prefix + path, answer.status, answer.reason, content)
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def __enter__(self) -> HttpClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- connections
+    def _connection_to_use(self) -> http.client.HTTPConnection:
+        """The open connection, unless the server has closed it meanwhile (a socket that
+        is readable before we ask is at EOF, or holds what we did not ask for)."""
+        connection = self._connection
+        if connection is not None and connection.sock is not None:
+            readable, _, _ = select.select([connection.sock], [], [], 0)
+            if readable:
+                self.close()
+        if self._connection is None:
+            self._connection = self._new_connection()
+        return self._connection
+
+    def _new_connection(self) -> http.client.HTTPConnection:
+        host, port = (self.proxy.host, self.proxy.port) if self.proxy else (self.host, self.port)
+        if self.scheme == "http":
+            return http.client.HTTPConnection(host, port, timeout=self.timeout)
+        assert self.context is not None
+        connection = _TLSConnection(
+            host, port, context=self.context, timeout=self.timeout, server_name=self.server_name
+        )
+        if self.proxy:
+            tunnel_headers = {}
+            if self.proxy.authorization:
+                tunnel_headers["Proxy-Authorization"] = self.proxy.authorization
+            connection.set_tunnel(self.host, self.port, headers=tunnel_headers)
+        return connection
+
+    def _request_target(self, target: str) -> str:
+        """Through a proxy, plain HTTP asks for the absolute URL (TLS tunnels instead)."""
+        if self.proxy and self.scheme == "http":
+            return f"http://{_netloc(self.host, self.port)}{target}"
+        return target
+
+    def _log_request(
+        self, method: str, target: str, headers: dict[str, str], data: bytes | None
+    ) -> None:
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        shown = {k: ("<masked>" if "authorization" in k.lower() else v) for k, v in headers.items()}
+        log.debug("request: %s %s%s headers: %s", method, self.base_url, target, shown)
+        if data:
+            log.debug("request body: %s", data.decode(errors="replace")[:4096])
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def tls_context(verify: ssl.SSLContext | bool | str) -> ssl.SSLContext:
+    """`verify` as httpx and requests take it: a context, a CA bundle's path, True for
+    the system's trust store, False for no verification at all."""
+    if isinstance(verify, ssl.SSLContext):
+        return verify
+    if isinstance(verify, str):
+        return ssl.create_default_context(cafile=verify)
+    if verify:
+        return ssl.create_default_context()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no trust store to load for nothing
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+__all__ = [
+    "HttpClient",
+    "HttpError",
+    "HttpTimeout",
+    "Proxy",
+    "Response",
+    "environment_proxy",
+    "tls_context",
+]
