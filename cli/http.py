@@ -11,23 +11,22 @@ header asked for on each request, so that plugin tokens are refreshed.
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 import logging
-import os
 import select
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import SplitResult, quote, unquote, urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
+
+from cli.proxy import Proxy, environment_proxy
 
 log = logging.getLogger("nvcli.http")
 
 Params = Mapping[str, str] | Sequence[tuple[str, str]]
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 class HttpError(Exception):
@@ -57,46 +56,6 @@ class Response:
     def json(self) -> Any:
         """The body as JSON; `ValueError` when it is not."""
         return json.loads(self.body)
-
-
-@dataclass(frozen=True)
-class Proxy:
-    host: str
-    port: int
-    authorization: str | None  # Proxy-Authorization, from the proxy URL's user:password
-
-    @classmethod
-    def parse(cls, url: str) -> Proxy:
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(
-                f"proxy {_without_password(parts)}: only http:// proxies are supported"
-            )
-        authorization = None
-        if parts.username is not None:
-            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-            authorization = "Basic " + base64.b64encode(pair.encode()).decode()
-        return cls(parts.hostname, parts.port or 80, authorization)
-
-
-def _without_password(parts: SplitResult) -> str:
-    host = parts.hostname or ""
-    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}"
-
-
-def environment_proxy(scheme: str, host: str) -> str | None:
-    """The proxy kubectl (Go's `ProxyFromEnvironment`) would use: `HTTPS_PROXY` or
-    `HTTP_PROXY` by scheme, never for loopback, not for hosts `NO_PROXY` names."""
-    if host in _LOOPBACK_NAMES or host.startswith("127."):
-        return None
-    if not any(key.lower() == f"{scheme}_proxy" for key in os.environ):
-        return None  # the common case, without importing urllib.request
-    import urllib.request
-
-    proxies = urllib.request.getproxies_environment()
-    if scheme not in proxies or urllib.request.proxy_bypass_environment(host, proxies):
-        return None
-    return proxies[scheme]
 
 
 class _TLSConnection(http.client.HTTPSConnection):
@@ -137,13 +96,14 @@ class HttpClient:
         self.scheme, self.host = parts.scheme, parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.prefix = parts.path.rstrip("/")
+        self.origin = f"{self.scheme}://{_netloc(self.host, self.port)}"  # no user:password
         self.context = context
         if parts.scheme == "https" and context is None:
             self.context = ssl.create_default_context()
         self.server_name = server_name or self.host
         self.authorization = authorization
         self.timeout = timeout
-        chosen = proxy or environment_proxy(parts.scheme, self.host)
+        chosen = proxy or environment_proxy(parts.scheme, self.host, self.port)
         self.proxy = Proxy.parse(chosen) if chosen else None
         self.headers = dict(headers or {})
         self._connection: http.client.HTTPConnection | None = None
@@ -164,7 +124,7 @@ class HttpClient:
         if self.authorization is not None and (value := self.authorization()):
             if self.proxy and self.scheme == "http":
                 raise HttpError(
-                    f"refusing to send credentials to {self.base_url} through the proxy "
+                    f"refusing to send credentials to {self.origin} through the proxy "
                     f"{self.proxy.host}:{self.proxy.port} in clear text: use https"
                 )
             headers["Authorization"] = value
@@ -179,14 +139,20 @@ class HttpClient:
             content = answer.read()
         except TimeoutError as exc:
             self.close()
-            raise HttpTimeout(f"{method} {self.base_url}{target}: timed out") from exc
+            raise HttpTimeout(f"{method} {self.origin}{target}: timed out") from exc
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             why = str(exc) or type(exc).__name__
-            raise HttpError(f"{method} {self.base_url}{target}: {why}") from exc
+            raise HttpError(f"{method} {self.origin}{target}: {why}") from exc
+        except ValueError as exc:  # http.client's own words would quote the header: a token
+            self.close()
+            raise HttpError(
+                f"{method} {self.origin}{target}: a header value (the token?) holds a line "
+                "break or another character HTTP does not allow"
+            ) from exc
         log.info(
             "%s %s%s %d %s in %.0f milliseconds",
-            method, self.base_url, target, answer.status, answer.reason,
+            method, self.origin, target, answer.status, answer.reason,
             (time.monotonic() - started) * 1000,
         )  # fmt: skip
         return Response(method, self.prefix + path, answer.status, answer.reason, content)
@@ -242,7 +208,7 @@ class HttpClient:
         if not log.isEnabledFor(logging.DEBUG):
             return
         shown = {k: ("<masked>" if "authorization" in k.lower() else v) for k, v in headers.items()}
-        log.debug("request: %s %s%s headers: %s", method, self.base_url, target, shown)
+        log.debug("request: %s %s%s headers: %s", method, self.origin, target, shown)
         if data:
             log.debug("request body: %s", data.decode(errors="replace")[:4096])
 
@@ -266,12 +232,4 @@ def tls_context(verify: ssl.SSLContext | bool | str) -> ssl.SSLContext:
     return context
 
 
-__all__ = [
-    "HttpClient",
-    "HttpError",
-    "HttpTimeout",
-    "Proxy",
-    "Response",
-    "environment_proxy",
-    "tls_context",
-]
+__all__ = ["HttpClient", "HttpError", "HttpTimeout", "Response", "tls_context"]

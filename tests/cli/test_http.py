@@ -16,14 +16,8 @@ from typing import BinaryIO
 
 import pytest
 
-from cli.http import (
-    HttpClient,
-    HttpError,
-    HttpTimeout,
-    Proxy,
-    environment_proxy,
-    tls_context,
-)
+from cli.http import HttpClient, HttpError, HttpTimeout, tls_context
+from cli.proxy import Proxy, environment_proxy
 from tests.fakes.pki import CertificateAuthority, CertPaths
 from tests.support.http_proxy import RecordingProxy
 from tests.support.http_recorder import RecordingServer, Reply, Seen
@@ -535,15 +529,62 @@ def test_environment_proxy(
     assert environment_proxy(scheme, host) == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="environment_proxy follows urllib, not Go: NO_PROXY CIDR ranges (10.0.0.0/8, "
-    "common in cluster proxy setups) are ignored, so nvcli proxies what kubectl sends direct",
-)
 def test_no_proxy_cidr_as_kubectl_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HTTPS_PROXY", HTTPS_P)
     monkeypatch.setenv("NO_PROXY", "10.0.0.0/8,.svc")
     assert environment_proxy("https", "10.96.0.1") is None
+
+
+@pytest.mark.parametrize(
+    ("no_proxy", "host", "port", "direct"),
+    [
+        ("10.0.0.0/8", "10.96.0.1", 443, True),
+        ("10.0.0.0/8", "192.168.1.5", 443, False),
+        ("fd00::/8", "fd00::5", 443, True),
+        ("10.96.0.1", "10.96.0.1", 6443, True),
+        ("10.96.0.1:6443", "10.96.0.1", 6443, True),
+        ("10.96.0.1:6443", "10.96.0.1", 443, False),
+        ("[fd00::5]:443", "fd00::5", 443, True),
+        ("example.com:8443", "api.example.com", 8443, True),
+        ("example.com:8443", "api.example.com", 443, False),
+        ("example.com:x", "example.com", 443, False),
+        ("*.example.com", "api.example.com", 443, True),
+        ("*.example.com", "example.com", 443, False),
+        (".svc", "svc", 443, False),
+        (".svc", "kubernetes.default.svc", 443, True),
+        ("EXAMPLE.com", "Api.Example.COM", 443, True),
+        (" , ,", "api.example.com", 443, False),
+        ("not-a-cidr/33", "10.0.0.1", 443, False),
+    ],
+)
+def test_no_proxy_entries_as_go_reads_them(
+    no_proxy: str, host: str, port: int, direct: bool
+) -> None:
+    """kubectl's reading (golang.org/x/net/http/httpproxy), not urllib's."""
+    environ = {"HTTPS_PROXY": HTTPS_P, "NO_PROXY": no_proxy}
+    expected = None if direct else HTTPS_P
+    assert environment_proxy("https", host, port, environ) == expected
+
+
+def test_upper_case_variables_come_first_as_in_go() -> None:
+    environ = {"HTTPS_PROXY": HTTPS_P, "https_proxy": "http://lower:1", "no_proxy": API}
+    assert environment_proxy("https", "other.org", 443, environ) == HTTPS_P
+    assert environment_proxy("https", API, 443, environ) is None  # no_proxy when no NO_PROXY
+    empty = {"https_proxy": "", "HTTPS_PROXY": ""}
+    assert environment_proxy("https", "other.org", 443, empty) is None
+
+
+def test_a_header_with_a_line_break_is_refused_without_quoting_it() -> None:
+    """A token file with a newline inside would otherwise split the request (or put the
+    token in http.client's error message, which nvcli prints)."""
+    with (
+        RecordingServer(ok) as server,
+        HttpClient(server.url, authorization=lambda: "Bearer s3cret\r\nX-Injected: 1") as client,
+    ):
+        with pytest.raises(HttpError) as info:
+            client.request("GET", "/apis/x")
+        assert "s3cret" not in str(info.value) and "line break" in str(info.value)
+        assert server.seen == []
 
 
 # -- logging ---------------------------------------------------------------------------------
@@ -579,12 +620,6 @@ def test_logs_mask_the_authorization_and_name_method_url_and_status(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli/http.py bug: log lines and HttpError/HttpTimeout messages print "
-    "base_url + target, and both hold the base URL's path, so a Rancher-style base "
-    "/k8s/clusters/c1 shows as /k8s/clusters/c1/k8s/clusters/c1/apis/x",
-)
 def test_messages_name_the_url_asked_for_once(
     http_log: Callable[[], str], caplog: pytest.LogCaptureFixture
 ) -> None:
