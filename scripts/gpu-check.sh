@@ -1,0 +1,104 @@
+#!/bin/bash
+# The real GPU check (shared/TESTING.md, "Things that bite"), for a machine with an
+# NVIDIA GPU, its driver, runc and root: a runc container started with no GPU nodes;
+# the engine hot-mounts GPU 0; nvidia-smi and a 256 MiB CUDA allocation (PyTorch) run
+# inside; a process inside holds the GPU, so unmount refuses (exit 3) and --force stops
+# it; after the unmount nvidia-smi fails again and a node made by hand is refused.
+#
+#   sudo PYTHONPATH=$PWD bash scripts/gpu-check.sh     # python3 with torch, pydantic, pynvml
+#
+# It prints what it sees; read it (CI has no GPU, so this is not a test CI runs).
+set -u
+REPO=$PWD
+step() { echo; echo "=== $*"; }
+ENGINE="python3 -m hotmount"
+
+step "machine"
+uname -r; nvidia-smi -L; command -v nvidia-smi python3; python3 -V
+stat -fc 'cgroup fs: %T' /sys/fs/cgroup; ls -l /dev/nvidia* 2>&1
+grep -E 'nvidia' /proc/devices; ls /proc/driver/nvidia/gpus 2>&1
+readlink -f "$(command -v python3)"; runc --version | head -1
+
+step "engine inventory (NVML)"
+$ENGINE devices -o json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(json.dumps(d, indent=1)[:1500])'
+
+step "a runc container with no GPU nodes"
+runc delete -f gpucheck >/dev/null 2>&1
+trap 'runc delete -f gpucheck >/dev/null 2>&1' EXIT
+B=/tmp/gpucheck; rm -rf $B; mkdir -p $B/rootfs; cd $B
+runc spec
+for d in bin sbin lib lib64 lib32 libx32; do
+  if [ -L /$d ]; then ln -s "$(readlink /$d)" rootfs/$d; fi
+done
+NVBIN=$(dirname "$(command -v nvidia-smi)")
+python3 - "$NVBIN" <<'EOF'
+import json, os, sys
+c = json.load(open("config.json"))
+c["process"]["terminal"] = False
+c["process"]["args"] = ["sleep", "100000"]
+path = f"{sys.argv[1]}:{os.environ['PATH']}:/usr/local/nvidia/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+c["process"]["env"] = [f"PATH={path}", "HOME=/tmp",
+    "LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib"]
+c["root"] = {"path": "rootfs", "readonly": False}
+for d in ("/usr", "/etc", "/opt", "/root", "/bin", "/sbin", "/lib", "/lib64"):
+    if os.path.isdir(d) and not os.path.islink(d):
+        c["mounts"].append({"destination": d, "type": "bind", "source": d,
+                            "options": ["rbind", "ro"]})
+c["mounts"].append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                    "options": ["nosuid", "nodev", "mode=1777"]})
+c["linux"]["cgroupsPath"] = "/gpucheck"
+c["linux"].pop("seccomp", None)
+json.dump(c, open("config.json", "w"), indent=1)
+EOF
+runc run -d gpucheck </dev/null >/dev/null 2>$B/run.err || { cat $B/run.err; exit 1; }
+PID=$(runc state gpucheck | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+echo "container pid $PID, cgroup: $(cat /proc/$PID/cgroup)"
+inside() { runc exec gpucheck "$@"; }
+TORCH=$(readlink -f "$(command -v python3)")
+CUDA_ALLOC='import torch; x = torch.ones(1 << 26, device="cuda"); print("cuda ok:", torch.cuda.get_device_name(0), float(x.sum()))'
+
+step "before the mount: no GPU in the container"
+inside sh -c 'ls -l /dev/nvidia* 2>&1'; inside nvidia-smi -L; echo "nvidia-smi rc=$?"
+inside python3 -c 'import torch; print("cuda available:", torch.cuda.is_available())' 2>&1 | tail -1
+
+step "engine: mount GPU 0"
+cd $REPO
+time $ENGINE mount --container pid:$PID --device 0 -o json; echo "mount rc=$?"
+step "after the mount"
+inside sh -c 'ls -l /dev/nvidia*'
+inside nvidia-smi -L; echo "nvidia-smi rc=$?"
+inside nvidia-smi --query-gpu=name,uuid,memory.total --format=csv
+inside python3 -c "$CUDA_ALLOC"; echo "cuda alloc rc=$?"
+
+step "a process in the container holds the GPU: unmount refuses, --force stops it"
+runc exec -d gpucheck python3 -c 'import torch, time; x = torch.ones(1 << 20, device="cuda"); time.sleep(600)' </dev/null >/dev/null 2>&1
+for i in $(seq 60); do
+  HOLDER=$(for p in $(ls /proc | grep -E '^[0-9]+$'); do
+    [ "$(readlink /proc/$p/ns/mnt 2>/dev/null)" = "$(readlink /proc/$PID/ns/mnt)" ] || continue
+    ls -l /proc/$p/fd 2>/dev/null | grep -q '/dev/nvidia0' && echo $p; done | head -1)
+  [ -n "$HOLDER" ] && break; sleep 1
+done
+echo "holder pid on the host: ${HOLDER:-none found}"
+$ENGINE unmount --container pid:$PID --device 0; echo "unmount (held) rc=$? (3 = busy)"
+inside nvidia-smi -L; echo "still mounted: nvidia-smi rc=$?"
+$ENGINE unmount --container pid:$PID --device 0 --force -o json; echo "unmount --force rc=$?"
+sleep 1; [ -n "${HOLDER:-}" ] && { kill -0 "$HOLDER" 2>/dev/null && echo "holder still alive" || echo "holder stopped"; }
+
+step "after the unmount: no GPU again"
+inside sh -c 'ls -l /dev/nvidia* 2>&1'; inside nvidia-smi -L; echo "nvidia-smi rc=$?"
+inside python3 -c 'import torch; print("cuda available:", torch.cuda.is_available())' 2>&1 | tail -1
+step "a node made by hand in the container is refused by the device cgroup"
+inside sh -c 'mknod /tmp/nv0 c 195 0 && (exec 3<>/tmp/nv0) 2>&1; echo open rc=$?'
+
+step "mount, unmount ten times (engine timings)"
+for i in $(seq 10); do
+  s=$(date +%s%N); $ENGINE mount --container pid:$PID --device 0 >/dev/null || echo FAIL
+  m=$(date +%s%N); $ENGINE unmount --container pid:$PID --device 0 >/dev/null || echo FAIL
+  e=$(date +%s%N); echo "mount $(( (m-s)/1000000 )) ms, unmount $(( (e-m)/1000000 )) ms (each a new python process)"
+done
+step "and the GPU still works after all that"
+$ENGINE mount --container pid:$PID --device 0 >/dev/null; echo "mount rc=$?"
+inside python3 -c "$CUDA_ALLOC"; echo "cuda alloc rc=$?"
+$ENGINE unmount --container pid:$PID --device 0 >/dev/null; echo "unmount rc=$?"
+$ENGINE status -o json
+echo done
