@@ -39,7 +39,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from cli.http import HttpClient, HttpError, HttpTimeout, Response, tls_context
 
@@ -486,7 +486,7 @@ def http_client(
     try:
         return HttpClient(
             base_url,
-            context=tls_context(verify) if base_url.startswith("https:") else None,
+            context=tls_context(verify) if urlsplit(base_url).scheme == "https" else None,
             authorization=authorization,
             timeout=timeout,
             proxy=proxy,

@@ -16,6 +16,7 @@ import json
 import logging
 import select
 import ssl
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -92,7 +93,6 @@ class HttpClient:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{base_url!r} is not an http:// or https:// URL")
-        self.base_url = base_url.rstrip("/")
         self.scheme, self.host = parts.scheme, parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.prefix = parts.path.rstrip("/")
@@ -101,6 +101,11 @@ class HttpClient:
         if parts.scheme == "https" and context is None:
             self.context = ssl.create_default_context()
         self.server_name = server_name or self.host
+        try:  # now, not in the TLS handshake, where a failure leaves the socket open
+            self.server_name.encode("idna")
+        except UnicodeError as exc:
+            why = f"{self.server_name!r} is not a host name TLS can check: {exc}"
+            raise ValueError(why) from None
         self.authorization = authorization
         self.timeout = timeout
         chosen = proxy or environment_proxy(parts.scheme, self.host, self.port)
@@ -122,6 +127,11 @@ class HttpClient:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         if self.authorization is not None and (value := self.authorization()):
+            if any(c in value for c in "\r\n\0"):  # http.client's error would quote it
+                raise HttpError(
+                    f"{method} {self.origin}{target}: the token or password holds a line "
+                    "break or a NUL, which HTTP does not allow"
+                )
             if self.proxy and self.scheme == "http":
                 raise HttpError(
                     f"refusing to send credentials to {self.origin} through the proxy "
@@ -144,12 +154,6 @@ class HttpClient:
             self.close()
             why = str(exc) or type(exc).__name__
             raise HttpError(f"{method} {self.origin}{target}: {why}") from exc
-        except ValueError as exc:  # http.client's own words would quote the header: a token
-            self.close()
-            raise HttpError(
-                f"{method} {self.origin}{target}: a header value (the token?) holds a line "
-                "break or another character HTTP does not allow"
-            ) from exc
         log.info(
             "%s %s%s %d %s in %.0f milliseconds",
             method, self.origin, target, answer.status, answer.reason,
@@ -174,8 +178,9 @@ class HttpClient:
         is readable before we ask is at EOF, or holds what we did not ask for)."""
         connection = self._connection
         if connection is not None and connection.sock is not None:
-            readable, _, _ = select.select([connection.sock], [], [], 0)
-            if readable:
+            poller = select.poll()  # not select(): a notebook kernel may hold fds past 1024
+            poller.register(connection.sock, select.POLLIN)
+            if poller.poll(0):
                 self.close()
         if self._connection is None:
             self._connection = self._new_connection()
@@ -190,6 +195,12 @@ class HttpClient:
             host, port, context=self.context, timeout=self.timeout, server_name=self.server_name
         )
         if self.proxy:
+            if ":" in self.host and sys.version_info < (3, 12):
+                # 3.11's http.client sends `CONNECT fd00::1:6443` (no brackets): refused
+                raise HttpError(
+                    f"{self.origin} through the proxy {self.proxy.host}:{self.proxy.port}: "
+                    "an IPv6 address through a proxy needs Python 3.12 or later"
+                )
             tunnel_headers = {}
             if self.proxy.authorization:
                 tunnel_headers["Proxy-Authorization"] = self.proxy.authorization
@@ -226,7 +237,7 @@ def tls_context(verify: ssl.SSLContext | bool | str) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=verify)
     if verify:
         return ssl.create_default_context()
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no trust store to load for nothing
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_NONE: no trust store to load
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     return context

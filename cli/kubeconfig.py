@@ -21,6 +21,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from cli.cleartext import refuse_plain_credentials
 from cli.errors import DEFAULT_TIMEOUT, HotmountClientError, make_status
@@ -174,7 +175,7 @@ def _static_configuration(merged: _Merged, entry: dict[str, Any]) -> StaticConfi
     if not server:
         raise ValueError(f"cluster {cluster_name!r} has no server")
     cfg = StaticConfiguration(host=server.rstrip("/"))
-    if cfg.host.startswith("https"):  # the official loader reads TLS material only then
+    if urlsplit(cfg.host).scheme == "https":  # the official loader reads TLS material then
         cfg.ca_data = _data(cluster, "certificate-authority")
         cfg.ssl_ca_cert = (
             None if cfg.ca_data else _file(cluster, "certificate-authority", cluster_dir)

@@ -35,16 +35,20 @@ class Proxy:
             raise ValueError(
                 f"proxy {_without_password(parts)}: only http:// proxies are supported"
             )
+        try:
+            port = parts.port or 80
+        except ValueError as exc:  # urllib's words do not say which URL
+            raise ValueError(f"proxy {_without_password(parts)}: {exc}") from None
         authorization = None
         if parts.username is not None:
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
             authorization = "Basic " + base64.b64encode(pair.encode()).decode()
-        return cls(parts.hostname, parts.port or 80, authorization)
+        return cls(parts.hostname, port, authorization)
 
 
 def _without_password(parts: SplitResult) -> str:
-    host = parts.hostname or ""
-    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}"
+    """The URL to name in a message: scheme and host[:port], never user:password."""
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
 def _first(environ: Mapping[str, str], *names: str) -> str:
@@ -77,6 +81,8 @@ def bypassed(host: str, port: int, no_proxy: str) -> bool:
     """Whether a request to `host:port` goes direct: loopback always, else by `NO_PROXY`."""
     host = host.strip().lower().strip("[]")
     ip = _ip(host)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is loopback to Go, not to Python 3.11
     if host == "localhost" or (ip is not None and ip.is_loopback):
         return True
     return any(_matches(entry, host, ip, port) for entry in no_proxy.lower().split(","))
@@ -88,7 +94,9 @@ def _matches(entry: str, host: str, ip: IPAddress | None, port: int) -> bool:
         return False
     if entry == "*":
         return True
-    if "/" in entry:  # a CIDR range
+    if "/" in entry:  # a CIDR range, prefix length only (Go takes no 255.0.0.0 masks)
+        if not entry.rpartition("/")[2].isdigit():
+            return False
         try:
             return ip is not None and ip in ipaddress.ip_network(entry, strict=False)
         except ValueError:
@@ -108,15 +116,19 @@ def _matches(entry: str, host: str, ip: IPAddress | None, port: int) -> bool:
 
 
 def _split_port(entry: str) -> tuple[str, int | None]:
-    """`host:port`, `[v6]:port`, a bare IPv6 address or a bare name."""
-    if entry.startswith("["):
-        name, _, rest = entry[1:].partition("]")
-        return name, _port(rest.removeprefix(":")) if rest else None
+    """`host:port`, `[v6]:port`, a bare IPv6 address or a bare name. A bracketed address
+    without a port stays as it is, a name that matches nothing, as Go has it."""
+    if entry.startswith("[") and "]:" in entry:
+        name, _, port = entry[1:].partition("]:")
+        return name, _port(port)
     if entry.count(":") == 1:
         name, port = entry.split(":")
         return name, _port(port)
     return entry, None
 
 
-def _port(text: str) -> int:
-    return int(text) if text.isdigit() else -1  # not a port: matches none
+def _port(text: str) -> int | None:
+    """None (any port) for `host:`, as Go has it; -1 (no port) for what is not a number."""
+    if not text:
+        return None
+    return int(text) if text.isdigit() else -1

@@ -82,7 +82,13 @@ echo "holder pid on the host: ${HOLDER:-none found}"
 $ENGINE unmount --container pid:$PID --device 0; echo "unmount (held) rc=$? (3 = busy)"
 inside nvidia-smi -L; echo "still mounted: nvidia-smi rc=$?"
 $ENGINE unmount --container pid:$PID --device 0 --force -o json; echo "unmount --force rc=$?"
-sleep 1; [ -n "${HOLDER:-}" ] && { kill -0 "$HOLDER" 2>/dev/null && echo "holder still alive" || echo "holder stopped"; }
+if [ -n "${HOLDER:-}" ]; then  # the container's init (sleep) reaps nobody: a zombie is gone
+  for i in $(seq 20); do
+    state=$(awk '{print $3}' /proc/$HOLDER/stat 2>/dev/null)
+    [ -z "$state" ] || [ "$state" = Z ] && break; sleep 0.25
+  done
+  [ -z "$state" ] || [ "$state" = Z ] && echo "holder stopped" || echo "holder still running ($state)"
+fi
 
 step "after the unmount: no GPU again"
 inside sh -c 'ls -l /dev/nvidia* 2>&1'; inside nvidia-smi -L; echo "nvidia-smi rc=$?"

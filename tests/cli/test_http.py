@@ -8,6 +8,7 @@ import base64
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -635,3 +636,84 @@ def test_messages_name_the_url_asked_for_once(
     with HttpClient(f"{refused}{prefix}") as client, pytest.raises(HttpError) as error:
         client.request("GET", "/apis/x")
     assert f"GET {refused}{prefix}/apis/x:" in str(error.value)
+
+
+# -- what review found ------------------------------------------------------------------------
+
+
+def test_a_client_in_a_process_with_fds_past_1024_keeps_its_connection() -> None:
+    """A long-running notebook kernel holds many files; select() cannot watch fd 1024+."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    fillers = []
+    try:
+        while len(fillers) < 1100:
+            fillers.append(os.open("/dev/null", os.O_RDONLY))
+        with RecordingServer(ok) as server, HttpClient(server.url) as client:
+            for _ in range(2):
+                assert client.request("GET", "/apis/x").is_success
+            assert client._connection is not None and client._connection.sock.fileno() > 1024
+        assert len({seen.client_port for seen in server.seen}) == 1
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_an_upper_case_https_scheme_keeps_the_given_ca(server_cert: CertPaths) -> None:
+    """`urlsplit` lower-cases the scheme: the CA must not be dropped for `HTTPS://`."""
+    from cli.client import http_client
+
+    with RecordingServer(ok, tls=server_cert) as server:
+        url = server.url.replace("https://", "HTTPS://")
+        with http_client(url, verify=str(server_cert.ca)) as client:
+            assert client.request("GET", "/").is_success
+
+
+def test_a_bad_tls_server_name_is_refused_before_connecting() -> None:
+    with pytest.raises(ValueError, match=r"'\.bad' is not a host name TLS can check"):
+        HttpClient("https://127.0.0.1:1", server_name=".bad")
+
+
+def test_an_ipv6_server_through_a_proxy(server_cert: CertPaths) -> None:
+    """Python 3.11's http.client leaves the brackets out of CONNECT: refused, clearly;
+    from 3.12 the proxy is asked for `[addr]:port`."""
+    with RecordingProxy() as proxy:
+        url = f"https://[::1]:{unused_port()}"
+        context = tls_context(str(server_cert.ca))
+        with (
+            HttpClient(url, context=context, proxy=proxy.url) as c,
+            pytest.raises(HttpError) as info,
+        ):
+            c.request("GET", "/")
+        if sys.version_info < (3, 12):
+            assert "IPv6 address through a proxy needs Python 3.12" in str(info.value)
+            assert proxy.requests == []
+        else:
+            assert proxy.requests[0].request_line.startswith("CONNECT [::1]:")
+
+
+@pytest.mark.parametrize(
+    ("no_proxy", "host", "port", "direct"),
+    [
+        ("example.com:", "api.example.com", 8443, True),  # no port after ':': any port
+        ("[fd00::5]", "fd00::5", 443, False),  # brackets without a port: a name, never an IP
+        ("10.0.0.0/255.0.0.0", "10.1.2.3", 443, False),  # Go takes prefix lengths only
+        ("", "::ffff:127.0.0.1", 443, True),  # IPv4-mapped loopback is loopback
+    ],
+)
+def test_no_proxy_corners_as_go_reads_them(
+    no_proxy: str, host: str, port: int, direct: bool
+) -> None:
+    environ = {"HTTPS_PROXY": HTTPS_P, "NO_PROXY": no_proxy}
+    assert environment_proxy("https", host, port, environ) == (None if direct else HTTPS_P)
+
+
+def test_a_proxy_port_that_is_not_a_number_names_the_proxy_not_the_password() -> None:
+    with pytest.raises(ValueError, match=r"proxy http://proxy.corp:x") as info:
+        Proxy.parse("http://user:hunter2@proxy.corp:x")
+    assert "hunter2" not in str(info.value)
