@@ -248,17 +248,24 @@ devices:
 """
 
 
+def pod_and_agent_with_cdi(
+    cluster: Cluster, tmp_path: Path, spec: str
+) -> tuple[RuncContainer, AgentProcess]:
+    """A pod `nb`, and an agent that also reads `spec` from a CDI directory of its own."""
+    specs = tmp_path / "cdi-extra"
+    specs.mkdir()
+    (specs / "spec.yaml").write_text(spec)
+    container = cluster.pod("nb")
+    return container, cluster.agent(extra=["--cdi-dir", str(specs)])
+
+
 def test_a_cdi_declared_rdma_device_is_neither_reclaimed_nor_counted_as_a_gpu(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """A vendor-neutral CDI spec declares an RDMA device (kind `cdi`, a verbs node). Mounted
     with a GPU under one idle timeout, only the GPU is a GPU: it alone is reclaimed and
     exported in hotmount_gpu_mounted_info; the NIC stays until it is named."""
-    specs = tmp_path / "rdma-cdi"
-    specs.mkdir()
-    (specs / "rdma.yaml").write_text(RDMA_CDI_SPEC)
-    container = cluster.pod("nb")
-    agent = cluster.agent(extra=["--cdi-dir", str(specs)])
+    container, agent = pod_and_agent_with_cdi(cluster, tmp_path, RDMA_CDI_SPEC)
     with agent.client(ALICE) as api:
         body = {"devices": ["0", "example.com/rdma=hca"], "idleTimeout": "1s"}
         done = api.post(DEVICES, json=body)
@@ -300,11 +307,7 @@ def test_a_gpu_the_engine_finds_busy_at_reclaim_is_kept_and_its_clock_restarts(
     with the last GPU (here /dev/zero's 1:5, so it opens). It stands for a process that
     opened the GPU between the look and the unmount: DeviceBusy. The reclaim takes
     nothing, restarts the clock, and tries again on a later pass, never by force."""
-    specs = tmp_path / "uvm-cdi"
-    specs.mkdir()
-    (specs / "gpu.yaml").write_text(UVM_CDI_SPEC)
-    container = cluster.pod("nb")
-    agent = cluster.agent(extra=["--cdi-dir", str(specs)])
+    container, agent = pod_and_agent_with_cdi(cluster, tmp_path, UVM_CDI_SPEC)
     with agent.client(ALICE) as api:
         done = api.post(DEVICES, json={"devices": ["example.com/gpu=g7"], "idleTimeout": "1s"})
         assert done.status_code == 200, done.text
