@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from tests.fakes import (
     FakePodResourcesServer,
     FrontProxy,
 )
+from tests.support.waiting import wait_for
 
 GPU = "nvidia.com/gpu"
 NODE_A_GPUS = [
@@ -39,15 +39,6 @@ NODE_A_GPUS = [
 ]
 NODE_B_GPUS = ["GPU-bbbbbbbb-0000-0000-0000-000000000001"]
 AGENT_SA = "system:serviceaccount:gpu-hotmount:agent"
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := predicate():
-            return result
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def status_of(err: ApiException) -> dict[str, Any]:
@@ -373,12 +364,22 @@ def test_running_delay_and_graceful_termination(
         v1.create_namespaced_pod("ml", pod_body("h", gpus=1, node_name="node-a"))
         assert v1.read_namespaced_pod("h", "ml").status.phase == "Pending"
         assert kubelet.allocations() == {("ml", "h"): {"main": {GPU: [NODE_A_GPUS[0]]}}}
-        wait_for(lambda: v1.read_namespaced_pod("h", "ml").status.phase == "Running")
+        wait_for(
+            lambda: v1.read_namespaced_pod("h", "ml").status.phase == "Running",
+            "pod ml/h to turn Running after its running_delay",
+            timeout=5,
+            interval=0.02,
+        )
 
         deleted = v1.delete_namespaced_pod("h", "ml", grace_period_seconds=5)
         assert deleted.metadata.deletion_timestamp is not None
         assert v1.read_namespaced_pod("h", "ml").metadata.deletion_grace_period_seconds == 5
-        wait_for(lambda: not v1.list_namespaced_pod("ml").items)
+        wait_for(
+            lambda: not v1.list_namespaced_pod("ml").items,
+            "pod ml/h to go once its termination_seconds passed",
+            timeout=5,
+            interval=0.02,
+        )
         assert kubelet.allocations() == {}
         assert fake.free_devices("node-a") == NODE_A_GPUS
 

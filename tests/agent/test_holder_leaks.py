@@ -10,7 +10,6 @@ attacks.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import httpx
@@ -20,6 +19,7 @@ from agent.podresources import PodResourcesClient
 from tests.agent.conftest import ALICE, Cluster
 from tests.support.agent import GPUS, AgentProcess
 from tests.support.runc import RuncContainer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 COLLECT_AT_ONCE = ["--holder-orphan-grace", "0"]
@@ -43,10 +43,7 @@ def books_are_right(cluster: Cluster) -> None:
 
 def eventually(condition: Callable[[], bool], what: str, seconds: float = 30) -> None:
     """Reconcile runs every second: wait for its effect (a bound, not a timing claim)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"reconcile did not {what}"
-        time.sleep(0.2)
+    wait_for(condition, f"reconcile to {what}", timeout=seconds, interval=0.2)
 
 
 def metric_sum(agent: AgentProcess, prefix: str) -> float:

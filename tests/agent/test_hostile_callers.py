@@ -22,7 +22,6 @@ import json
 import queue
 import socket
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,6 +43,7 @@ from tests.support.agent import (
     write_driver_tree,
 )
 from tests.support.runc import RuncContainer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 MOUNT = "/v1/namespaces/default/pods/nb/devices"
@@ -227,11 +227,12 @@ def test_a_mutating_call_past_the_bound_waits_in_line_and_is_served(cluster: Clu
     with in_flight(agent, stall, 1) as first:
         assert stall.wait_arrived(1)
         waiter.start()
-        for _ in range(600):  # until the agent counts it in line (bounded)
-            if gauge(agent, "hotmount_mutating_waiting") == 1:
-                break
-            time.sleep(0.05)
-        assert gauge(agent, "hotmount_mutating_waiting") == 1
+        wait_for(
+            lambda: gauge(agent, "hotmount_mutating_waiting") == 1,
+            "the agent to count the second call in line (hotmount_mutating_waiting 1)",
+            timeout=30,
+            show=lambda: gauge(agent, "hotmount_mutating_waiting"),
+        )
         assert stall.arrived == 1, "the second call must wait, not run beside the first"
     waiter.join()
     [answer] = later
@@ -446,6 +447,12 @@ def test_the_nodes_own_operator_is_not_bounded_per_caller(
             if line.startswith("hotmount_requests_in_agent ")
         )
 
+    def both_in() -> bool:
+        if in_agent() >= 2:
+            return True
+        assert answers.empty(), "refused while the other mount was in the agent"
+        return False
+
     try:
         with Ledger(state).claims_lock():
             threads = [
@@ -454,11 +461,7 @@ def test_the_nodes_own_operator_is_not_bounded_per_caller(
             ]
             for thread in threads:
                 thread.start()
-            deadline = time.monotonic() + 30
-            while in_agent() < 2:
-                assert answers.empty(), "refused while the other mount was in the agent"
-                assert time.monotonic() < deadline, "the two mounts never were in at once"
-                time.sleep(0.1)
+            wait_for(both_in, "the two mounts to be in the agent at once", timeout=30, interval=0.1)
         for thread in threads:
             thread.join()
         got = [answers.get_nowait() for _ in range(2)]

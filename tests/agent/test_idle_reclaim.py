@@ -10,8 +10,6 @@ release. No test asserts on the wall clock.
 from __future__ import annotations
 
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -22,10 +20,12 @@ from hotmount.ledger import Ledger
 from tests.agent.conftest import ALICE, DANA, Cluster
 from tests.support.agent import GPUS, AgentProcess
 from tests.support.runc import RuncContainer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 FUSE_GPU = "nvidia.com/gpu=1"
 DEVICES = "/v1/namespaces/default/pods/nb/devices"
+HUNG = 60  # seconds: a bound on a hung agent, not a timing assertion
 
 
 def samples(agent: AgentProcess, name: str) -> list[tuple[dict[str, str], float]]:
@@ -50,17 +50,7 @@ def passes(agent: AgentProcess) -> int:
 def wait_passes(agent: AgentProcess, n: int) -> int:
     """Wait until `n` more reconcile passes have finished; the count then."""
     target = passes(agent) + n + 1  # the pass under way may have counted itself already
-    return wait_for(lambda: passes(agent) >= target and passes(agent), what=f"{n} passes")
-
-
-def wait_for(check: Callable[[], object], what: str, limit: float = 60) -> object:
-    deadline = time.monotonic() + limit  # a bound on a hung agent, not a timing assertion
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
+    return wait_for(lambda: passes(agent) >= target and passes(agent), f"{n} passes", timeout=HUNG)
 
 
 def mounted(api: httpx.Client) -> list[dict]:
@@ -111,7 +101,7 @@ def test_a_gpu_held_open_is_never_reclaimed_and_is_once_released(cluster: Cluste
             before_release = passes(agent)
             holder.communicate()  # closes stdin: the holder exits
 
-        wait_for(lambda: cluster.events("GPUReclaimed"), "the reclaim's Event")
+        wait_for(lambda: cluster.events("GPUReclaimed"), "the reclaim's Event", timeout=HUNG)
 
         # The first pass that can see it unheld is the one under way at the release; 3s
         # of idle need three more, each at least 1s after the last.
@@ -180,11 +170,13 @@ def test_a_gpu_mounted_by_count_is_reclaimed_with_its_holder_pod(cluster: Cluste
         assert done.status_code == 200, done.text
         holder = done.json()["holderPod"]
 
-        wait_for(lambda: not mounted(api), "the reclaim")
+        wait_for(lambda: not mounted(api), "the reclaim", timeout=HUNG)
 
-    wait_for(lambda: cluster.kube.pod("default", holder) is None, "the holder's deletion")
+    wait_for(
+        lambda: cluster.kube.pod("default", holder) is None, "the holder's deletion", timeout=HUNG
+    )
     assert sorted(cluster.kube.free_devices("node-a")) == sorted(g.uuid for g in GPUS)
-    [event] = wait_for(lambda: cluster.events("GPUReclaimed"), "the Event")  # type: ignore[misc]
+    [event] = wait_for(lambda: cluster.events("GPUReclaimed"), "the Event", timeout=HUNG)
     assert "idle timeout 1s" in event["message"]
     ledger_clean(cluster)
 
@@ -228,7 +220,7 @@ def test_a_restarted_agent_starts_the_idle_clock_again(cluster: Cluster, tmp_pat
         assert (
             api.post(DEVICES, json={"devices": [FUSE_GPU], "idleTimeout": "1h"}).status_code == 200
         )
-        wait_for(lambda: (mounted(api)[0]["idleSeconds"] or 0) >= 3, "3s of idle")
+        wait_for(lambda: (mounted(api)[0]["idleSeconds"] or 0) >= 3, "3s of idle", timeout=HUNG)
     agent.stop()
     again = cluster.agent()
     with again.client(ALICE) as api:
@@ -273,7 +265,7 @@ def test_a_cdi_declared_rdma_device_is_neither_reclaimed_nor_counted_as_a_gpu(
         [(labels, _)] = samples(agent, "hotmount_gpu_mounted_info")
         assert labels["gpu_uuid"] == GPUS[0].uuid
 
-        wait_for(lambda: cluster.events("GPUReclaimed"), "the GPU's reclaim")
+        wait_for(lambda: cluster.events("GPUReclaimed"), "the GPU's reclaim", timeout=HUNG)
         wait_passes(agent, 3)  # passes enough to have taken the NIC, were it a GPU
 
         assert [d["key"] for d in mounted(api)] == ["example.com/rdma=hca"]
@@ -314,7 +306,11 @@ def test_a_gpu_the_engine_finds_busy_at_reclaim_is_kept_and_its_clock_restarts(
         holder = hold_until_stdin_closes(container, "/dev/nvidia-uvm")
         try:
             tries = "reclaim of example.com/gpu=g7 from"
-            wait_for(lambda: agent.log.read_text().count(tries) >= 2, "two reclaims found busy")
+            wait_for(
+                lambda: agent.log.read_text().count(tries) >= 2,
+                "two reclaims found busy",
+                timeout=HUNG,
+            )
 
             assert "in use, its idle clock restarts" in agent.log.read_text()
             assert [d["key"] for d in mounted(api)] == ["example.com/gpu=g7"]
@@ -325,6 +321,10 @@ def test_a_gpu_the_engine_finds_busy_at_reclaim_is_kept_and_its_clock_restarts(
         finally:
             holder.communicate()
 
-        wait_for(lambda: cluster.events("GPUReclaimed"), "the reclaim once nothing holds it")
+        wait_for(
+            lambda: cluster.events("GPUReclaimed"),
+            "the reclaim once nothing holds it",
+            timeout=HUNG,
+        )
         assert not mounted(api)
     ledger_clean(cluster)

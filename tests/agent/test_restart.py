@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.agent.conftest import ALICE, Cluster
 from tests.support.agent import GPUS
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 NODE = f"/dev/nvidia{GPUS[0].minor}"
@@ -29,10 +28,12 @@ def test_agent_restart_between_mount_and_unmount(cluster: Cluster) -> None:
     container.exec("rm", NODE)
 
     second = cluster.agent(state="state")
-    deadline = time.monotonic() + 10
-    while container.open_result(NODE) != "ENXIO" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert container.open_result(NODE) == "ENXIO", "the first reconcile recreates the node"
+    wait_for(
+        lambda: container.open_result(NODE) == "ENXIO",
+        "the restarted agent's first reconcile to recreate the node",
+        interval=0.2,
+        show=lambda: container.open_result(NODE),
+    )
 
     with second.client(ALICE) as api:
         status = api.get("/v1/namespaces/default/pods/nb/devices").json()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,16 +19,15 @@ from hotmount.engine import Engine, EngineConfig
 from tests.kernel.conftest import GPU0, GPU1
 from tests.support.pids import next_pid_after, pid_exists, spawn_with_pid
 from tests.support.runc import RuncContainer
+from tests.support.waiting import wait_for
 
 FUSE = (10, 229)  # GPU1's stand-in node, a device with a driver: it can be held open
 
 
 def gone(pid: int) -> None:
-    """Wait until `pid` is reaped and free (bounded)."""
-    deadline = time.monotonic() + 10
-    while pid_exists(pid):
-        assert time.monotonic() < deadline, f"PID {pid} was not reaped"
-        time.sleep(0.05)
+    """Wait until `pid` is reaped and free (bounded): a killed process lingers as a zombie
+    until its parent (a `runc exec`, or PID 1 for a container's init) reaps it."""
+    wait_for(lambda: not pid_exists(pid), f"PID {pid} to be reaped and free")
 
 
 @pytest.fixture
@@ -99,10 +97,11 @@ def test_an_exec_with_a_lower_pid_does_not_make_reconcile_forget_the_container(
                 continue
             with next_pid_after(low):
                 session = app.exec_in_background("sleep", "100000")
-            deadline = time.monotonic() + 10
-            while len(app_pids := _pids(app)) < 2:
-                assert time.monotonic() < deadline, "the exec'd process did not appear"
-                time.sleep(0.05)
+            app_pids = wait_for(
+                lambda: len(pids := _pids(app)) >= 2 and pids,
+                "the exec'd process to appear in the app container's cgroup",
+                show=lambda: _pids(app),
+            )
             if min(app_pids) < app.pid:
                 break
             session.kill()
@@ -173,15 +172,14 @@ def test_a_nested_pid_namespace_does_not_pass_for_the_containers_init(
 
 def _leaf_of(pid: int) -> int:
     """The innermost descendant of `pid`, a chain of single children (bounded wait)."""
-    deadline = time.monotonic() + 10
-    while True:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        if children:
+
+    def leaf() -> int | None:
+        nonlocal pid
+        while children := Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
             pid = int(children[0])
-        elif Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
-            return pid
-        assert time.monotonic() < deadline, "the nested process did not start"
-        time.sleep(0.05)
+        return pid if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep" else None
+
+    return wait_for(leaf, "the nested process (sleep) to start")
 
 
 def _nspid(pid: int) -> list[str]:

@@ -34,6 +34,7 @@ from tests.kernel.test_pid_reuse import gone
 from tests.support.bpf import attached
 from tests.support.pids import spawn_with_pid
 from tests.support.runc import RuncContainer
+from tests.support.waiting import wait_for
 
 
 def cache_and_stop(engine: Engine, container: RuncContainer) -> int:
@@ -76,11 +77,12 @@ def victim_with_pid(pid: int) -> Iterator[Victim]:
     v1_dir, v2_dir = Path("/sys/fs/cgroup/devices") / name, Path("/sys/fs/cgroup/unified") / name
     proc = spawn_with_pid(pid, PRIVATE_DEV)
     try:
-        for _ in range(400):  # until it has its /dev and exec'd sleep (bounded)
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
-                break
-            time.sleep(0.025)
-        assert Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"
+        wait_for(
+            lambda: Path(f"/proc/{pid}/comm").read_text().strip() == "sleep",
+            f"the victim (PID {pid}) to mount its private /dev and exec sleep",
+            interval=0.025,
+            show=lambda: Path(f"/proc/{pid}/comm").read_text().strip(),
+        )
         assert Path(f"/proc/{pid}/ns/mnt").resolve() != Path("/proc/self/ns/mnt").resolve()
         for directory in (v1_dir, v2_dir):
             directory.mkdir()
@@ -201,11 +203,11 @@ def test_a_process_in_a_child_cgroup_is_the_containers_on_real_cgroupfs(
     child.mkdir()
     worker = container.exec_in_background("sleep", "1000")
     try:
-        for _ in range(200):  # until the exec'd process has joined the cgroup
-            pids = read_cgroup_pids(directory)
-            if len(pids) > 1:
-                break
-            time.sleep(0.05)
+        pids = wait_for(
+            lambda: len(procs := read_cgroup_pids(directory)) > 1 and procs,
+            "the exec'd process to join the container's cgroup",
+            show=lambda: read_cgroup_pids(directory),
+        )
         moved = max(p for p in pids if p != engine.resolve(container.id).init_pid)
         (child / "cgroup.procs").write_text(str(moved))
         assert read_cgroup_pids(child) == [moved]
@@ -217,8 +219,11 @@ def test_a_process_in_a_child_cgroup_is_the_containers_on_real_cgroupfs(
         for pid in read_cgroup_pids(child):
             with contextlib.suppress(OSError):
                 os.kill(pid, 9)
-        for _ in range(100):
-            if not read_cgroup_pids(child):
-                break
-            time.sleep(0.05)
+        # kill() only sends SIGKILL: the process leaves the cgroup once it has exited.
+        wait_for(
+            lambda: not read_cgroup_pids(child),
+            "the killed processes to leave the child cgroup",
+            timeout=5,
+            show=lambda: read_cgroup_pids(child),
+        )
         child.rmdir()
