@@ -28,13 +28,13 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.auth import Authorizer, Identity
-from agent.deps import Authz, Caller, Gate, Service
+from agent.deps import Authz, Caller, Gate, Listing, Mounting, Moves
 from agent.errors import BadRequest, NotOnThisNode
 from agent.gateway import LOCAL_ONLY, Gateway
+from agent.node import moves as node_moves
 from agent.routes.forwarding import local_or_forward
 from agent.routes.pods import Namespace, PodName
 from agent.schemas import KubeName, MountRequest, PodRef, ReassignRequest
-from agent.service import NodeService
 
 GROUP, VERSION = "hotmount.io", "v1alpha1"
 GROUP_VERSION = f"{GROUP}/{VERSION}"
@@ -183,7 +183,7 @@ def create_gpumount(
     request: Request,
     caller: Caller,
     authz: Authz,
-    service: Service,
+    mounting: Mounting,
     gateway: Gate,
 ) -> Any:
     pod = body.metadata.name
@@ -193,7 +193,7 @@ def create_gpumount(
     spec = body.spec.model_dump(by_alias=True, exclude_none=True)
 
     def mount() -> dict[str, Any]:
-        result = service.mount_pod(namespace, pod, body.spec, caller.name)
+        result = mounting.mount_pod(namespace, pod, body.spec, caller.name)
         return _object("GPUMount", pod, result, namespace, spec)
 
     answer = local_or_forward(
@@ -208,12 +208,12 @@ def list_gpumounts(
     request: Request,
     caller: Caller,
     authz: Authz,
-    service: Service,
+    listing: Listing,
     gateway: Gate,
 ) -> dict[str, Any]:
     authz.require(caller, "list", namespace)
     items = [
-        _object("GPUMount", p.pod or "", p, namespace) for p in service.namespace_mounts(namespace)
+        _object("GPUMount", p.pod or "", p, namespace) for p in listing.namespace_mounts(namespace)
     ]
     return _list("GPUMount", items + _other_nodes(request, caller, gateway))
 
@@ -225,14 +225,13 @@ def get_gpumount(
     request: Request,
     caller: Caller,
     authz: Authz,
-    service: Service,
+    listing: Listing,
     gateway: Gate,
 ) -> Any:
     authz.require(caller, "get", namespace, pod)
 
     def get() -> dict[str, Any]:
-        service.target_node_check(namespace, pod)
-        return _object("GPUMount", pod, service.pod_devices(namespace, pod), namespace)
+        return _object("GPUMount", pod, listing.pod_devices_here(namespace, pod), namespace)
 
     return local_or_forward(get, request, caller, gateway)
 
@@ -244,7 +243,7 @@ def delete_gpumount(
     request: Request,
     caller: Caller,
     authz: Authz,
-    service: Service,
+    mounting: Mounting,
     gateway: Gate,
     device: Annotated[list[str] | None, Query(max_length=64)] = None,
     container: Annotated[str | None, Query(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")] = None,
@@ -254,7 +253,7 @@ def delete_gpumount(
     authz.require_force(caller, force, (namespace, pod))
 
     def delete() -> dict[str, Any]:
-        result = service.unmount_pod(
+        result = mounting.unmount_pod(
             namespace, pod, device or None, container=container, force=force, user=caller.name
         )
         return _object("GPUMount", pod, result, namespace)
@@ -264,24 +263,24 @@ def delete_gpumount(
 
 @router.get(f"/{VERSION}/nodedevices")
 def list_node_devices(
-    request: Request, caller: Caller, authz: Authz, service: Service, gateway: Gate
+    request: Request, caller: Caller, authz: Authz, listing: Listing, gateway: Gate
 ) -> dict[str, Any]:
     authz.require(caller, "list", resource="nodedevices")
-    local = service.devices()
+    local = listing.devices()
     items = [_object("NodeDevices", local.node or "", local)]
     return _list("NodeDevices", items + _other_nodes(request, caller, gateway))
 
 
 @router.get(f"/{VERSION}/nodedevices/{{node}}")
 def get_node_devices(
-    node: PodName, request: Request, caller: Caller, authz: Authz, service: Service, gateway: Gate
+    node: PodName, request: Request, caller: Caller, authz: Authz, listing: Listing, gateway: Gate
 ) -> Any:
     authz.require(caller, "get", name=node, resource="nodedevices")
 
     def get() -> dict[str, Any]:
-        if service.settings.node_name and node != service.settings.node_name:
+        if listing.node_name and node != listing.node_name:
             raise NotOnThisNode(f"node {node} is not this agent's", node)
-        return _object("NodeDevices", node, service.devices())
+        return _object("NodeDevices", node, listing.devices())
 
     return local_or_forward(get, request, caller, gateway)
 
@@ -293,11 +292,11 @@ def create_namespaced_reassignment(
     request: Request,
     caller: Caller,
     authz: Authz,
-    service: Service,
+    moves: Moves,
     gateway: Gate,
 ) -> Any:
     """A move between two pods of one namespace: what a RoleBinding can allow."""
-    return _reassign(body.within(namespace), request, caller, authz, service, gateway, namespace)
+    return _reassign(body.within(namespace), request, caller, authz, moves, gateway, namespace)
 
 
 @router.post(f"/{VERSION}/reassignments", status_code=201)
@@ -306,11 +305,11 @@ def create_reassignment(
     request: Request,
     caller: Caller,
     authz: Authz,
-    service: Service,
+    moves: Moves,
     gateway: Gate,
 ) -> Any:
     """A move across namespaces: the API server asked for a ClusterRoleBinding already."""
-    return _reassign(body.spec, request, caller, authz, service, gateway)
+    return _reassign(body.spec, request, caller, authz, moves, gateway)
 
 
 def _reassign(
@@ -318,7 +317,7 @@ def _reassign(
     request: Request,
     caller: Identity,
     authz: Authorizer,
-    service: NodeService,
+    moves: node_moves.Moves,
     gateway: Gateway | None,
     namespace: str | None = None,
 ) -> Any:
@@ -331,7 +330,7 @@ def _reassign(
     wire = spec.model_dump(by_alias=True, exclude_none=True)
 
     def reassign() -> dict[str, Any]:
-        result = service.reassign(spec, caller.name)
+        result = moves.reassign(spec, caller.name)
         return _object(
             "Reassignment", f"{spec.from_.pod}-to-{spec.to.pod}", result, namespace, spec=wire
         )

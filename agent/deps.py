@@ -1,4 +1,4 @@
-"""FastAPI dependencies: the service, the caller's identity, the authorizer, the gateway.
+"""FastAPI dependencies: the use cases, the caller's identity, the authorizer, the gateway.
 
 They are `async def`: FastAPI runs a plain `def` dependency in a worker thread, and a
 thread hop per dependency per request costs more than the work. None of them blocks
@@ -14,7 +14,7 @@ from fastapi import Depends, Request
 
 from agent.auth import Authenticator, Authorizer, CallerContext, Identity
 from agent.gateway import Gateway
-from agent.service import NodeService
+from agent.node import listing, mounting, moves
 
 PEER_CERT_KEY = "hotmount.peer_cert"
 PEER_UID_KEY = "hotmount.peer_uid"
@@ -47,8 +47,16 @@ async def _identity(request: Request) -> Identity:
     return identity
 
 
-async def _service(request: Request) -> NodeService:
-    return request.app.state.service
+async def _mounting(request: Request) -> mounting.Mounting:
+    return request.app.state.node.mounting
+
+
+async def _moves(request: Request) -> moves.Moves:
+    return request.app.state.node.moves
+
+
+async def _listing(request: Request) -> listing.Listing:
+    return request.app.state.node.listing
 
 
 async def _authorizer(request: Request) -> Authorizer:
@@ -60,6 +68,8 @@ async def _gateway(request: Request) -> Gateway | None:
 
 
 Caller = Annotated[Identity, Depends(_identity)]
-Service = Annotated[NodeService, Depends(_service)]
+Mounting = Annotated[mounting.Mounting, Depends(_mounting)]
+Moves = Annotated[moves.Moves, Depends(_moves)]
+Listing = Annotated[listing.Listing, Depends(_listing)]
 Authz = Annotated[Authorizer, Depends(_authorizer)]
 Gate = Annotated[Gateway | None, Depends(_gateway)]

@@ -27,10 +27,11 @@ from agent.gateway import Gateway
 from agent.guard import Guard, Limits
 from agent.kube.client import KubeClient
 from agent.metrics import Metrics
+from agent.node import Node
+from agent.node.reconcile import ReconcilePass
 from agent.podresources import PodResourcesClient
 from agent.routes import containers, devices, health, pods
 from agent.schemas import Status
-from agent.service import NodeService
 from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import HotmountError
 
@@ -108,14 +109,14 @@ def create_app(
     else:
         kube = podresources = None
     metrics = Metrics()
-    service = NodeService(settings, engine, kube, podresources, metrics)
+    node = Node.build(settings, engine, kube, podresources, metrics)
 
     app = FastAPI(
         title="gpu-hotmount agent",
         version="0.1.0",
         description="Hot-mount GPUs into running pods. Errors are Kubernetes Status objects.",
     )
-    app.state.service = service
+    app.state.node = node
     app.state.settings = settings
     app.state.authenticator = Authenticator(settings, kube, front_proxy)
     app.state.authorizer = Authorizer(
@@ -191,14 +192,14 @@ class Reconciler:
     """Runs the engine's reconcile now (repairing what drifted while the agent was down),
     then every `interval` seconds."""
 
-    def __init__(self, service: NodeService, interval: float) -> None:
-        self.service = service
+    def __init__(self, reconcile_pass: ReconcilePass, interval: float) -> None:
+        self.reconcile_pass = reconcile_pass
         self.interval = interval
 
     async def run(self) -> None:
         while True:
             try:
-                report = await asyncio.to_thread(self.service.reconcile)
+                report = await asyncio.to_thread(self.reconcile_pass.reconcile)
                 if report.repairs or report.forgotten or report.errors:
                     log.info("reconcile: %s", report.as_dict())
             except Exception:
@@ -228,7 +229,7 @@ async def _run(settings: AgentSettings) -> None:
     ):
         log.warning("standalone mode with no --token-file and no unix listener: nobody can call")
     reconciler = asyncio.create_task(
-        Reconciler(app.state.service, settings.reconcile_interval).run()
+        Reconciler(app.state.node.reconciler, settings.reconcile_interval).run()
     )
     log.info(
         "serving on %s (cgroup %s, %d devices)",

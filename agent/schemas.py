@@ -35,7 +35,7 @@ from pydantic.alias_generators import to_camel
 
 from agent.idle import format_duration, parse_duration
 from hotmount.devices.model import Device
-from hotmount.netdev_plan import DEFAULT_INSIDE_NAME, NetdevSpec
+from hotmount.netdev.plan import DEFAULT_INSIDE_NAME, NetdevSpec
 
 DeviceRef = Annotated[
     str,
@@ -229,8 +229,8 @@ class MountRequest(Request):
         return self.netdev or (NetdevRequest() if self.with_netdev else None)
 
     def rdma_options(self) -> dict[str, Any]:
-        """The engine's keywords for what rides along: RDMA devices (hotmount/companions.py)
-        and a network interface (hotmount/netdevs.py)."""
+        """The engine's keywords for what rides along: RDMA devices (hotmount/devices/companions.py)
+        and a network interface (hotmount/netdev/moves.py)."""
         wanted = self.netdev_request()
         netdev = wanted.spec() if wanted is not None else None
         return {"with_rdma": bool(self.with_rdma), "rdma": self.rdma, "netdev": netdev}

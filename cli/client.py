@@ -37,11 +37,11 @@ on a standalone agent (`hotmount-agent --no-kubernetes`).
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-from cli.http import HttpClient, HttpError, HttpTimeout, Response, tls_context
+from cli.connect import http_client
+from cli.http import HttpClient, HttpError, HttpTimeout, Response
 
 if TYPE_CHECKING:  # at run time imported on first use: `nvcli status` needs no pydantic
     from types import ModuleType
@@ -60,7 +60,6 @@ if TYPE_CHECKING:  # at run time imported on first use: `nvcli status` needs no 
         UnmountResult,
     )
 
-from cli import __version__
 from cli.errors import (
     DEFAULT_REASON,
     DEFAULT_TIMEOUT,
@@ -463,38 +462,6 @@ def merge_unmounts(results: list[UnmountResult]) -> UnmountResult:
             "holder_pods_deleted": [p for r in results for p in r.holder_pods_deleted],
         }
     )
-
-
-# -- HTTP plumbing --------------------------------------------------------------------------
-
-
-def http_client(
-    base_url: str,
-    *,
-    verify: ssl.SSLContext | bool | str = True,
-    authorization: Callable[[], str | None] | None = None,
-    timeout: float | None = DEFAULT_TIMEOUT,
-    proxy: str | None = None,
-    server_name: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> HttpClient:
-    """The HTTP client both transports use: TLS, a timeout, a User-Agent.
-
-    `verify`: an `ssl.SSLContext`, a CA bundle's path, True (the system's trust store)
-    or False (no verification). `authorization` is asked for the header on each request.
-    """
-    try:
-        return HttpClient(
-            base_url,
-            context=tls_context(verify) if urlsplit(base_url).scheme == "https" else None,
-            authorization=authorization,
-            timeout=timeout,
-            proxy=proxy,
-            server_name=server_name,
-            headers={"User-Agent": f"nvcli/{__version__}", **(headers or {})},
-        )
-    except ValueError as exc:  # not an http(s) URL, or a proxy nvcli cannot use
-        raise InvalidRequest(make_status(400, str(exc), "BadRequest")) from exc
 
 
 # -- the client -----------------------------------------------------------------------------

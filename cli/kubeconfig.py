@@ -295,7 +295,7 @@ def authorization(cfg: Any) -> str | None:
 def aggregated_http_client(
     kube: KubeContext, *, timeout: float | None = DEFAULT_TIMEOUT
 ) -> HttpClient:
-    from cli.client import http_client
+    from cli.connect import http_client
 
     cfg = kube.configuration
     return http_client(

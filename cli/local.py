@@ -27,7 +27,7 @@ from agent.schemas import (
 from cli.errors import EXIT_AUTH, HotmountClientError, error_for, make_status
 
 if TYPE_CHECKING:
-    from cli.main import Common
+    from cli.options import Common
 
 
 class LocalEngine:

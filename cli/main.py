@@ -16,8 +16,7 @@ import logging
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from enum import StrEnum
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 
@@ -25,6 +24,7 @@ import typer
 
 from cli import __version__
 from cli.errors import DEFAULT_TIMEOUT, EXIT_USAGE, Busy, HotmountClientError
+from cli.options import Common, OutputFormat
 from cli.output import Waiting, render, status_table
 
 if TYPE_CHECKING:
@@ -47,45 +47,6 @@ app = typer.Typer(
 
 
 # -- options every command takes, kubectl's names -------------------------------------------
-
-
-class OutputFormat(StrEnum):
-    table = "table"
-    json = "json"
-    yaml = "yaml"
-
-
-@dataclass
-class Common:
-    kubeconfig: str | None = None
-    context: str | None = None
-    namespace: str | None = None
-    v: int | None = None
-    timeout: str | None = None
-    output: OutputFormat | None = None
-    agent: str | None = None
-    token: str | None = None
-    token_file: Path | None = None
-    certificate_authority: Path | None = None
-    insecure_skip_tls_verify: bool = False
-    local: bool = False
-    host_root: Path | None = None
-    cdi_dir: list[str] | None = None
-    state_dir: Path | None = None
-
-    def merged(self, outer: Common | None) -> Common:
-        """Flags given after the command win over the same flags given before it."""
-        if outer is None:
-            return self
-        values = {}
-        for f in fields(self):
-            mine, theirs = getattr(self, f.name), getattr(outer, f.name)
-            values[f.name] = theirs if mine is None or mine is False else mine
-        return Common(**values)
-
-    @property
-    def fmt(self) -> str:
-        return self.output.value if self.output else "table"
 
 
 _COMMON_OPTIONS: dict[str, Any] = {

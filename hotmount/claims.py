@@ -34,8 +34,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from hotmount.devices.model import Device
+from hotmount.errors import DeviceClaimed
+
+if TYPE_CHECKING:  # devices/ builds footprints from this module: no import back at run time
+    from hotmount.devices.model import Device
 
 Number = tuple[int, int]
 
@@ -134,3 +138,32 @@ def joined(new: Claim, claims: Iterable[Claim], share_with: str | None) -> str |
         if c.group == new.group and c.shared_with and c.footprint.overlaps(new.footprint):
             return c.shared_with
     return None
+
+
+HOLDER_KEYS = ("namespace", "pod", "container")
+
+
+def claimed_error(device: Device | None, blockers: list[Claim]) -> DeviceClaimed:
+    """409 naming every holder: the container, the name it mounted, its pod."""
+    holders = []
+    for b in blockers:
+        where = f"container {b.owner}"
+        if b.holder.get("pod"):
+            where = (
+                f"pod {b.holder.get('namespace')}/{b.holder['pod']} "
+                f"(container {b.holder.get('container')}, {b.owner[:12]})"
+            )
+        named = "an unreadable claim (reconcile repairs it)" if b.footprint.unknown else b.device
+        holders.append((where, named, b))
+    label = device_label(device) if device is not None else blockers[0].device
+    held = "; ".join(f"{where} as {named}" for where, named, _ in holders)
+    return DeviceClaimed(
+        f"device {label} is the same physical device as one hot-mounted in {held}; "
+        "unmount it there first, share it on purpose (shareWith), or force",
+        blockers[0].owner,
+        [{"containerId": b.owner, "device": b.device, **dict(b.holder)} for _, _, b in holders],
+    )
+
+
+def device_label(device: Device) -> str:
+    return f"{device.index} ({device.key})" if device.index is not None else device.key

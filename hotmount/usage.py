@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from hotmount.errors import Holder
+from hotmount.errors import DeviceBusy, Holder
 
 
 def holders(proc: Path, pids: Iterable[int], numbers: set[tuple[int, int]]) -> list[Holder]:
@@ -151,6 +151,45 @@ class Pinned:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def clear_holders(
+    proc: Path,
+    container: str,
+    list_pids: Callable[[], Iterable[int]],
+    numbers: set[tuple[int, int]],
+    uuids: list[str],
+    *,
+    force: bool,
+    grace: float,
+) -> list[int]:
+    """Nothing in `container` may hold the device numbers (or, by NVML, the GPUs `uuids`)
+    when it is revoked: DeviceBusy naming each holder, or with `force` stop them (the
+    PIDs stopped). pidfds first, then the scan, then signals through the pidfds: a holder
+    that exits meanwhile cannot pass its signal on to whoever gets its PID next."""
+    with Pinned.pin(list_pids) as pinned:
+        found = _pinned_holders(pinned, proc, numbers, uuids)
+        if not found:
+            return []
+        if not force:
+            names = ", ".join(f"PID {h.pid} ({h.command}) holds {h.path}" for h in found)
+            raise DeviceBusy(f"the device is in use in container {container}: {names}", found)
+        stopped = pinned.stop({h.pid for h in found}, grace)
+    with Pinned.pin(list_pids) as again:
+        still = _pinned_holders(again, proc, numbers, uuids)
+    if still:
+        raise DeviceBusy("processes still hold the device after SIGKILL", still)
+    return stopped
+
+
+def _pinned_holders(
+    pinned: Pinned, proc: Path, numbers: set[tuple[int, int]], uuids: list[str]
+) -> list[Holder]:
+    """Holders by fd scan, plus the GPUs' NVML processes among the pinned PIDs."""
+    found = pinned.holders(proc, numbers)
+    extra = (nvml_pids(uuids) & set(pinned.pids)) - {h.pid for h in found}
+    found += [Holder(pid, comm(proc, pid), "(NVML)") for pid in extra]
+    return found
 
 
 def _signal(pidfd: int, signum: int) -> bool:

@@ -1,1 +1,1 @@
-"""One router per resource; handlers stay short and call the service."""
+"""One router per resource; handlers stay short and call the use case they serve."""

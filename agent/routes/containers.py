@@ -12,7 +12,7 @@ from typing import Annotated
 import anyio.to_thread
 from fastapi import APIRouter, Path
 
-from agent.deps import Authz, Caller, Service
+from agent.deps import Authz, Caller, Listing, Mounting
 from agent.routes.pods import DevicePath
 from agent.schemas import MountRequest, MountResult, PodDevices, UnmountResult
 
@@ -22,24 +22,24 @@ ContainerId = Annotated[str, Path(min_length=1, max_length=80)]
 
 @router.get("/{container_id}/devices")
 async def container_devices(
-    container_id: ContainerId, caller: Caller, authz: Authz, service: Service
+    container_id: ContainerId, caller: Caller, authz: Authz, listing: Listing
 ) -> PodDevices:
     def work() -> PodDevices:
         authz.require(caller, "get", name=container_id)
-        return service.container_devices(container_id)
+        return listing.container_devices(container_id)
 
     return await anyio.to_thread.run_sync(work)
 
 
 @router.post("/{container_id}/devices")
 async def mount(
-    container_id: ContainerId, body: MountRequest, caller: Caller, authz: Authz, service: Service
+    container_id: ContainerId, body: MountRequest, caller: Caller, authz: Authz, mounting: Mounting
 ) -> MountResult:
     def work() -> MountResult:
         authz.require(caller, "create", name=container_id)
         if body.force:
             authz.require(caller, "force", name=container_id)
-        return service.mount_container(container_id, body)
+        return mounting.mount_container(container_id, body)
 
     return await anyio.to_thread.run_sync(work)
 
@@ -50,13 +50,13 @@ async def unmount(
     device: DevicePath,
     caller: Caller,
     authz: Authz,
-    service: Service,
+    mounting: Mounting,
     force: bool = False,
 ) -> UnmountResult:
     def work() -> UnmountResult:
         authz.require(caller, "delete", name=container_id)
         if force:
             authz.require(caller, "force", name=container_id)
-        return service.unmount_container(container_id, [device], force)
+        return mounting.unmount_container(container_id, [device], force)
 
     return await anyio.to_thread.run_sync(work)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from agent.deps import Authz, Caller, Service
+from agent.deps import Authz, Caller, Listing
 from agent.schemas import DeviceList
 
 router = APIRouter(prefix="/v1", tags=["devices"])
 
 
 @router.get("/devices")
-def node_devices(caller: Caller, authz: Authz, service: Service) -> DeviceList:
+def node_devices(caller: Caller, authz: Authz, listing: Listing) -> DeviceList:
     authz.require(caller, "list", resource="nodedevices")
-    return service.devices()
+    return listing.devices()

@@ -32,10 +32,10 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> dict[str, str]:
     """Ready: inventory loaded, cgroup mode detected, Kubernetes reachable when enabled."""
     state = request.app.state
-    engine = state.service.engine
+    engine = state.node.engine
     if engine.inventory is None or engine.layout is None:
         raise NotReady("the engine is not initialised")
-    kube = state.service.kube
+    kube = state.node.kube
     if kube is not None:
         checked = getattr(state, "kube_checked", 0.0)
         if time.monotonic() - checked > _KUBE_CHECK_SECONDS:
@@ -53,6 +53,6 @@ async def readyz(request: Request) -> dict[str, str]:
 
 @router.get("/metrics")
 def metrics(request: Request) -> Response:
-    service = request.app.state.service
-    service.metrics.managed_containers.set(len(service.engine.ledger.records()))
-    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    node = request.app.state.node
+    node.metrics.managed_containers.set(len(node.engine.ledger.records()))
+    return Response(generate_latest(node.metrics.registry), media_type=CONTENT_TYPE_LATEST)

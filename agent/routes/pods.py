@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query, Request
 
-from agent.deps import Authz, Caller, Gate, Service
+from agent.deps import Authz, Caller, Gate, Listing, Mounting, Moves
 from agent.routes.forwarding import local_or_forward
 from agent.schemas import (
     MountRequest,
@@ -35,16 +35,13 @@ def pod_devices(
     request: Request,
     caller: Caller,
     authz: Authz,
-    service: Service,
+    listing: Listing,
     gateway: Gate,
 ) -> PodDevices | Any:
     authz.require(caller, "get", namespace, pod)
-
-    def local() -> PodDevices:
-        service.target_node_check(namespace, pod)
-        return service.pod_devices(namespace, pod)
-
-    return local_or_forward(local, request, caller, gateway)
+    return local_or_forward(
+        lambda: listing.pod_devices_here(namespace, pod), request, caller, gateway
+    )
 
 
 @router.post("/namespaces/{namespace}/pods/{pod}/devices")
@@ -55,12 +52,12 @@ def mount(
     request: Request,
     caller: Caller,
     authz: Authz,
-    service: Service,
+    mounting: Mounting,
     gateway: Gate,
 ) -> MountResult | Any:
     authz.require_mount(caller, namespace, pod, body.share_with, body.force)
     return local_or_forward(
-        lambda: service.mount_pod(namespace, pod, body, caller.name),
+        lambda: mounting.mount_pod(namespace, pod, body, caller.name),
         request,
         caller,
         gateway,
@@ -76,7 +73,7 @@ def unmount(
     request: Request,
     caller: Caller,
     authz: Authz,
-    service: Service,
+    mounting: Mounting,
     gateway: Gate,
     container: ContainerQuery = None,
     force: bool = False,
@@ -84,7 +81,7 @@ def unmount(
     authz.require(caller, "delete", namespace, pod)
     authz.require_force(caller, force, (namespace, pod))
     return local_or_forward(
-        lambda: service.unmount_pod(
+        lambda: mounting.unmount_pod(
             namespace, pod, [device], container=container, force=force, user=caller.name
         ),
         request,
@@ -99,7 +96,7 @@ def reassign(
     request: Request,
     caller: Caller,
     authz: Authz,
-    service: Service,
+    moves: Moves,
     gateway: Gate,
 ) -> ReassignResult | Any:
     source, target = (body.from_.namespace, body.from_.pod), (body.to.namespace, body.to.pod)
@@ -107,7 +104,7 @@ def reassign(
     authz.require(caller, "create", *target)
     authz.require_force(caller, body.force, source, target)
     return local_or_forward(
-        lambda: service.reassign(body, caller.name),
+        lambda: moves.reassign(body, caller.name),
         request,
         caller,
         gateway,

@@ -1,6 +1,6 @@
 """RDMA devices that ride along with GPUs: which to add, and when they leave. Pure.
 
-`withRdma` adds the NIC nearest each GPU of a mount (hotmount/topology.py); a
+`withRdma` adds the NIC nearest each GPU of a mount (hotmount/devices/topology.py); a
 request may also name RDMA devices. Either way they are mounted in the same
 operation as the GPUs (one plan, one rollback), and the ledger notes which
 devices each came `with`, so unmounting the last of those GPUs takes the NIC

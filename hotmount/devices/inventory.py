@@ -12,12 +12,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from hotmount import claims, topology
-from hotmount.devices import cdi, mig, nvidia, rdma
+from hotmount import claims
+from hotmount.devices import cdi, mig, nvidia, rdma, topology
 from hotmount.devices.model import Device, DeviceKind, DeviceNode
+from hotmount.devices.topology import PciLocation
 from hotmount.errors import DeviceNotFound, InvalidDeviceRef
 from hotmount.hostfs import HostRoot
-from hotmount.topology import PciLocation
 
 DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
@@ -143,7 +143,7 @@ class Inventory:
         return [d for d in self.devices if rdma.is_rdma(d)]
 
     def nearest_rdma(self, device: Device) -> Device:
-        """The RDMA device nearest `device` by hotmount/topology.py's rule, or a clear error."""
+        """The RDMA device nearest `device` by devices/topology.py's rule, or a clear error."""
         candidates = {d.key: loc for d in self.rdma_devices() if (loc := self.location(d))}
         if not candidates:
             raise DeviceNotFound("withRdma: this node's inventory has no RDMA device")

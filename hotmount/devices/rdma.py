@@ -4,7 +4,7 @@ Each verbs device (`/sys/class/infiniband/mlx5_0`) gives a container one
 `/dev/infiniband/uverbsN` (its major:minor from sysfs `dev`, never guessed) plus
 `/dev/infiniband/rdma_cm`, which every RDMA program opens and no device owns
 (a shared node, like `nvidiactl`). The device's PCI place and NUMA node feed the
-nearest-NIC rule (hotmount/topology.py); its network interfaces are listed so
+nearest-NIC rule (hotmount/devices/topology.py); its network interfaces are listed so
 that `withNetdev` can pick the NIC's own.
 """
 
@@ -17,8 +17,8 @@ import stat
 from dataclasses import dataclass
 
 from hotmount.devices.model import Device, DeviceKind, DeviceNode
+from hotmount.devices.topology import PciLocation, pci_path, read_numa
 from hotmount.hostfs import HostRoot
-from hotmount.topology import PciLocation, pci_path, read_numa
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Kept apart from the device ledger (its own files, `netdevs/<container>@<name>.json`
 under the state directory) and driven by the engine under the container's
 operation lock. Every step is written down before it is taken (the record's
-`phase`, see hotmount/netdev_plan.py), so a crash at any point leaves a record
+`phase`, see hotmount/netdev/plan.py), so a crash at any point leaves a record
 that reconcile can finish: an attach rolled back, a detach rolled forward.
 """
 
@@ -14,15 +14,16 @@ import logging
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hotmount import netdev
 from hotmount.errors import ContainerNotFound, HotmountError, KernelError, NotFound
 from hotmount.hostfs import HostRoot
-from hotmount.netdev_plan import (
+from hotmount.netdev import netlink
+from hotmount.netdev.plan import (
     Action,
     LinkInfo,
     NetdevConflict,
@@ -54,11 +55,21 @@ class NetdevNotFound(NotFound):
 
 
 class Netdevs:
-    def __init__(self, host: HostRoot, state_dir: Path, allow: Iterable[str]) -> None:
+    def __init__(
+        self,
+        host: HostRoot,
+        state_dir: Path,
+        allow: Iterable[str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.host = host
         self.allow = tuple(allow)
         self.dir = state_dir / "netdevs"
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._clock = clock
+        # When reconcile first found a record's interface nowhere with its namespace gone
+        # (Action.WAIT). In memory: an agent restart only starts the wait again.
+        self._unseen_since: dict[str, float] = {}
 
     # -- records
     def _path(self, container: str, inside: str) -> Path:
@@ -91,6 +102,7 @@ class Netdevs:
             raise
 
     def _drop(self, record: NetdevRecord) -> None:
+        self._unseen_since.pop(self._path(record.container, record.inside).name, None)
         with contextlib.suppress(FileNotFoundError):
             self._path(record.container, record.inside).unlink()
 
@@ -100,7 +112,7 @@ class Netdevs:
         check_name(spec.inside, "inside name")
         check_addresses(spec.addresses)
         with self._host() as ipr:
-            self._allowed_link(netdev.links(ipr), netdev.default_route_oifs(ipr), name)
+            self._allowed_link(netlink.links(ipr), netlink.default_route_oifs(ipr), name)
 
     def _allowed_link(self, links: list[LinkInfo], oifs: set[int], name: str) -> LinkInfo:
         """The link called `name` in this one listing, checked against the primary set
@@ -144,12 +156,12 @@ class Netdevs:
         self.check(spec, name)
         if self._path(container, spec.inside).exists():
             raise NetdevConflict(f"container {container} already has {spec.inside} from us")
-        with self._container_ns(init_pid, start_time) as ns_fd, netdev.rtnl(ns_fd) as inside:
-            if any(link.name == spec.inside for link in netdev.links(inside)):
+        with self._container_ns(init_pid, start_time) as ns_fd, netlink.rtnl(ns_fd) as inside:
+            if any(link.name == spec.inside for link in netlink.links(inside)):
                 raise NetdevConflict(f"container {container} already has an {spec.inside}")
             with self._host() as host:
-                links = netdev.links(host)
-                link = self._allowed_link(links, netdev.default_route_oifs(host), name)
+                links = netlink.links(host)
+                link = self._allowed_link(links, netlink.default_route_oifs(host), name)
                 record = NetdevRecord(
                     container=container,
                     init_pid=init_pid,
@@ -160,7 +172,7 @@ class Netdevs:
                     mac=link.mac,
                     mtu=link.mtu,
                     up=link.up,
-                    addresses=netdev.addresses(host, link.index),
+                    addresses=netlink.addresses(host, link.index),
                     with_devices=with_devices,
                     kind=link.kind,
                     perm_mac=link.perm_mac,
@@ -170,13 +182,13 @@ class Netdevs:
                 )
                 self._save(record)  # intent first: a crash from here on is reconciled
                 try:
-                    netdev.move(host, link.index, ns_fd, spec.inside)
+                    netlink.move(host, link.index, ns_fd, spec.inside)
                     moved = self._find_inside(record, inside, host)
                     if moved is None:
                         raise NetdevConflict(f"interface {name} cannot be found after the move")
                     record.inside_index = moved.index
                     self._save(record)
-                    netdev.configure(inside, moved.index, mtu=spec.mtu, up=True)
+                    netlink.configure(inside, moved.index, mtu=spec.mtu, up=True)
                     _add_addresses(inside, moved.index, spec.addresses)
                 except BaseException:
                     self._undo(record, inside, host)
@@ -193,12 +205,18 @@ class Netdevs:
         try:
             with (
                 self._record_ns(record) as ns_fd,
-                netdev.rtnl(ns_fd) as inside,
+                netlink.rtnl(ns_fd) as inside,
                 self._host() as host,
             ):
                 self._undo(record, inside, host, quiet=False)
         except ContainerNotFound:
-            self.reconcile_one(record, alive=False)
+            if self.reconcile_one(record, alive=False) is Action.WAIT:
+                log.info(
+                    "%s left with %s's network namespace; reconcile restores it when the "
+                    "kernel returns it",
+                    record.host_name,
+                    record.container,
+                )
             return
         self._drop(record)
         log.info("moved %s back from %s", record.host_name, record.container)
@@ -224,12 +242,12 @@ class Netdevs:
             if found is not None:
                 host_ns = self._host_ns_fd()
                 try:
-                    netdev.move(inside, found.index, host_ns, record.host_name)
+                    netlink.move(inside, found.index, host_ns, record.host_name)
                 finally:
                     os.close(host_ns)
                 # We just gave it this name on the host, where the tenant has no hand.
-                back = next((x for x in netdev.links(host) if x.name == record.host_name), None)
-            elif not quiet and find_returned(netdev.links(host), record, set()) is None:
+                back = next((x for x in netlink.links(host) if x.name == record.host_name), None)
+            elif not quiet and find_returned(netlink.links(host), record, set()) is None:
                 raise NetdevConflict(
                     f"interface {record.host_name} is not in container {record.container} "
                     "as it was moved in (the same ifindex, kind and host-side peer or "
@@ -247,23 +265,23 @@ class Netdevs:
     def _find_inside(self, record: NetdevRecord, inside: IPRoute, host: IPRoute) -> LinkInfo | None:
         host_ns = self._host_ns_fd()
         try:
-            host_nsid = netdev.nsid_of(inside, host_ns)
+            host_nsid = netlink.nsid_of(inside, host_ns)
         finally:
             os.close(host_ns)
-        return find_inside(netdev.links(inside), record, host_nsid, netdev.links(host))
+        return find_inside(netlink.links(inside), record, host_nsid, netlink.links(host))
 
     def _restore(self, record: NetdevRecord, host: IPRoute, now: LinkInfo | None = None) -> None:
-        links = netdev.links(host)
+        links = netlink.links(host)
         if now is None:
-            primary = primary_indexes(links, netdev.default_route_oifs(host))
+            primary = primary_indexes(links, netlink.default_route_oifs(host))
             now = find_returned(links, record, primary)
         if now is None:
             return
         taken = {link.name for link in links if link.index != now.index}
         steps = restore_plan(record, now, taken)
-        netdev.configure(host, now.index, rename=steps.rename, mtu=steps.mtu)
+        netlink.configure(host, now.index, rename=steps.rename, mtu=steps.mtu)
         _add_addresses(host, now.index, steps.addresses)
-        netdev.configure(host, now.index, up=steps.up)
+        netlink.configure(host, now.index, up=steps.up)
 
     # -- reconcile
     def reconcile(self, lock: Callable[[str], AbstractContextManager[None]]) -> list[str]:
@@ -280,7 +298,7 @@ class Netdevs:
                 except HotmountError as exc:
                     log.warning("reconcile netdev %s: %s", record.host_name, exc.message)
                     continue
-                if action is not Action.KEEP:
+                if action not in (Action.KEEP, Action.WAIT):
                     done.append(f"{record.host_name}: {action}")
         return done
 
@@ -293,14 +311,17 @@ class Netdevs:
                     ns_fd = stack.enter_context(self._record_ns(record))
                 except ContainerNotFound:
                     ns_fd = None
-            inside = stack.enter_context(netdev.rtnl(ns_fd)) if ns_fd is not None else None
+            inside = stack.enter_context(netlink.rtnl(ns_fd)) if ns_fd is not None else None
             host = stack.enter_context(self._host())
             if inside is not None:
                 in_container = self._find_inside(record, inside, host)
-            links = netdev.links(host)
-            primary = primary_indexes(links, netdev.default_route_oifs(host))
+            links = netlink.links(host)
+            primary = primary_indexes(links, netlink.default_route_oifs(host))
             on_host = find_returned(links, record, primary)
-            action = decide(record, inside is not None, in_container, on_host)
+            nowhere = inside is None and on_host is None
+            action = decide(
+                record, inside is not None, in_container, on_host, self._unseen_for(record, nowhere)
+            )
             if inside is not None and in_container is None and on_host is None:
                 # The namespace lives on, and what is in it is not proven ours (the tenant
                 # renamed or replaced it): keep the record until the namespace is gone.
@@ -313,8 +334,19 @@ class Netdevs:
             elif action is Action.FORGET:
                 self._drop(record)
             if action is not Action.KEEP:
-                log.info("netdev %s of %s: %s", record.host_name, record.container, action)
+                level = logging.DEBUG if action is Action.WAIT else logging.INFO
+                log.log(level, "netdev %s of %s: %s", record.host_name, record.container, action)
             return action
+
+    def _unseen_for(self, record: NetdevRecord, nowhere: bool) -> float:
+        """Seconds since reconcile first found `record`'s interface nowhere with its
+        namespace gone; 0 now, and the clock starts again once it is seen."""
+        key = self._path(record.container, record.inside).name
+        if not nowhere:
+            self._unseen_since.pop(key, None)
+            return 0.0
+        now = self._clock()
+        return now - self._unseen_since.setdefault(key, now)
 
     def _host_ns_fd(self) -> int:
         """The host's network namespace: its init's (hostPID: the agent's pod need not be
@@ -343,7 +375,7 @@ class Netdevs:
     def _host(self) -> Iterator[IPRoute]:
         fd = self._host_ns_fd()
         try:
-            with netdev.rtnl(fd) as ipr:
+            with netlink.rtnl(fd) as ipr:
                 yield ipr
         finally:
             os.close(fd)
@@ -423,8 +455,8 @@ def _is_kernel_thread(proc: Path) -> bool:
 def _add_addresses(ipr: IPRoute, name: str | int, addresses: Iterable[str]) -> None:
     for address in addresses:
         try:
-            netdev.configure(ipr, name, add=[address])
-        except netdev.NetlinkFailed as exc:
+            netlink.configure(ipr, name, add=[address])
+        except netlink.NetlinkFailed as exc:
             if getattr(exc.__cause__, "code", None) != _EEXIST:
                 raise
 

@@ -6,7 +6,7 @@ is made inside that namespace (`socket_in`) for pyroute2, and a move names the t
 by fd (IFLA_NET_NS_FD) together with the new name (IFLA_IFNAME). The kernel moves
 first, under the interface's current name where that is free there (the new name
 only stands in where it is not), then renames: so a taken new name fails *after* the
-move. Callers find the interface again by ifindex (hotmount/netdev_plan.py).
+move. Callers find the interface again by ifindex (hotmount/netdev/plan.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from hotmount.errors import KernelError
-from hotmount.netdev_plan import LinkInfo
+from hotmount.netdev.plan import LinkInfo
 
 
 class NetlinkFailed(KernelError):

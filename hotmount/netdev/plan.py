@@ -17,6 +17,15 @@ crash reconcile finds where the interface is and finishes the job:
 | attached  | keep (netns alive)     | restore name and state     | forget it     |
 | detaching | move it back (forward) | restore name and state     | forget it     |
 
+"Found nowhere" is never decided from one look while the namespace dies: the kernel
+tears a network namespace down later, from a workqueue (`cleanup_net`), after its last
+process is gone. Until then a physical interface is in neither place, and forgetting it
+then would leave the NIC to come back unrestored. So a physical one (or one whose kind
+an old record does not say) found nowhere after its namespace is gone is waited for
+(`Action.WAIT`) for `RETURN_PATIENCE` seconds from the first such look, and only then
+forgotten. A virtual one is destroyed with the namespace, never returned: forgotten at
+once, since nothing of it can come back.
+
 When the container's network namespace dies the kernel destroys a virtual
 interface (veth, macvlan) and returns a physical one (a NIC, an SR-IOV VF) to
 the host under whatever name is free. Names and MACs are no proof of identity:
@@ -146,7 +155,7 @@ class NetdevSpec(BaseModel):
 
 
 class NetdevRecord(BaseModel):
-    """One interface in one container, as the ledger keeps it (hotmount/netdevs.py)."""
+    """One interface in one container, as the ledger keeps it (hotmount/netdev/moves.py)."""
 
     container: str
     init_pid: int
@@ -168,10 +177,17 @@ class NetdevRecord(BaseModel):
     netns_ino: int | None = None  # the container's netns inode (it outlives a restart)
 
 
+# How long a physical interface found nowhere after its namespace is gone is waited for:
+# the kernel returns it when it tears the namespace down, which a busy host's workqueue
+# can put off for seconds. Past this it is taken to be gone (unplugged, a VF destroyed).
+RETURN_PATIENCE = 60.0
+
+
 class Action(StrEnum):
     KEEP = "keep"
     MOVE_BACK = "move-back"  # from the container to the host, then restore
     RESTORE = "restore"  # on the host already: name, MTU, state, addresses
+    WAIT = "wait"  # a physical one in neither place yet: the kernel has not returned it
     FORGET = "forget"  # gone: destroyed with the namespace
 
 
@@ -247,13 +263,21 @@ def find_returned(
 
 
 def decide(
-    record: NetdevRecord, alive: bool, in_container: LinkInfo | None, on_host: LinkInfo | None
+    record: NetdevRecord,
+    alive: bool,
+    in_container: LinkInfo | None,
+    on_host: LinkInfo | None,
+    unseen_for: float = 0.0,
 ) -> Action:
-    """What reconcile does with one record (see the module's table)."""
+    """What reconcile does with one record (see the module's table). `unseen_for`: the
+    seconds since reconcile first found it nowhere with its namespace gone (0 the first
+    time)."""
     if alive and in_container is not None:
         return Action.KEEP if record.phase == "attached" else Action.MOVE_BACK
     if on_host is not None:
         return Action.RESTORE
+    if not alive and record.kind is None and unseen_for < RETURN_PATIENCE:
+        return Action.WAIT
     return Action.FORGET
 
 

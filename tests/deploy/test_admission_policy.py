@@ -1,7 +1,7 @@
 """The ValidatingAdmissionPolicy confines the agent's ServiceAccount to holder pods.
 
 The policy's CEL is evaluated (tests/deploy/admission.py) against the very manifests
-the agent builds (NodeService._holder_manifest), as the API server would see them after
+the agent builds (agent.node.holders.holder_manifest), as the API server would see them after
 its defaulting and the ServiceAccount admission plugin, and against hostile pods that
 differ from a holder in one way each.
 """
@@ -19,8 +19,7 @@ import pytest
 
 from agent.config import load_settings
 from agent.kube.client import PodInfo
-from agent.metrics import Metrics
-from agent.service import NodeService
+from agent.node.holders import holder_manifest as agent_holder_manifest
 from tests.deploy.admission import admission_request, denials, unknown_fields
 from tests.deploy.support import (
     CHART,
@@ -54,8 +53,7 @@ def holder_manifest(argv: list[str] | None = None, target: PodInfo = TARGET) -> 
     if argv is None:
         argv = agent_argv(find(load_file(KUBE / "05-daemonset.yaml"), "DaemonSet"))
     settings = load_settings(argv)
-    service = NodeService(settings, None, None, None, Metrics())  # type: ignore[arg-type]
-    return service._holder_manifest(target, "hotmount-holder-notebook-abc123", 1)
+    return agent_holder_manifest(settings, target, "hotmount-holder-notebook-abc123", 1)
 
 
 def as_admitted(manifest: Obj) -> Obj:

@@ -20,12 +20,13 @@ import pytest
 from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import ContainerNotFound, InvalidRequest, KernelError
 from hotmount.hostfs import HostRoot
-from hotmount.netdev_plan import NetdevConflict, NetdevRecord, NetdevRefused, NetdevSpec
-from hotmount.netdevs import NetdevNotFound, Netdevs
+from hotmount.netdev.moves import NetdevNotFound, Netdevs
+from hotmount.netdev.plan import NetdevConflict, NetdevRecord, NetdevRefused, NetdevSpec
 from tests.kernel.conftest import GPU0, GPU1
 from tests.support.netdevs import ip, make_primary
 from tests.support.runc import RuncContainer
 from tests.support.sysfs import NICS, build_sysfs
+from tests.support.waiting import wait_for
 
 
 def link(name: str, pid: int | None = None) -> dict[str, object] | None:
@@ -128,7 +129,12 @@ def test_a_killed_container_destroys_the_veth_and_reconcile_forgets_it(
 
     box.stop()  # the namespace dies with it: the kernel destroys the veth (and its peer)
 
-    assert link(a) is None and link(b) is None
+    # Later, not at once: cleanup_net runs from a workqueue after the last process is gone.
+    wait_for(
+        lambda: link(a) is None and link(b) is None,
+        f"the kernel to destroy both ends of the veth ({a}, {b}) with the namespace",
+        show=lambda: {a: link(a), b: link(b)},
+    )
     report = engine.reconcile()
     assert report.netdevs == [f"{a}: forget"]
     assert engine.netdevs.records() == []
@@ -341,8 +347,10 @@ def test_a_namespace_held_after_its_init_died_keeps_the_record(
     holder = subprocess.Popen(["nsenter", "-t", str(box.pid), "-n", "--", "sleep", "infinity"])
     try:
         wanted = os.stat(f"/proc/{box.pid}/ns/net").st_ino
-        while os.stat(f"/proc/{holder.pid}/ns/net").st_ino != wanted:  # until it has entered
-            os.sched_yield()
+        wait_for(
+            lambda: os.stat(f"/proc/{holder.pid}/ns/net").st_ino == wanted,
+            "the holder (nsenter) to enter the container's network namespace",
+        )
         box.stop()
 
         report = engine.reconcile()

@@ -29,4 +29,4 @@ def test_cycles_leave_nothing_behind(engine: Engine, container: RuncContainer) -
     if container.mode == "v1":
         assert "195:" not in (container.v1_devices_dir / "devices.list").read_text()
     else:
-        assert engine._v2(str(container.v2_dir)).state().grants == frozenset()
+        assert engine.grants.v2(str(container.v2_dir)).state().grants == frozenset()

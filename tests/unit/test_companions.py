@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hotmount.companions import leaving_with, note
+from hotmount.devices.companions import leaving_with, note
 from hotmount.devices.model import Device, DeviceKind
 from hotmount.ledger import ContainerRecord, DeviceRecord
 

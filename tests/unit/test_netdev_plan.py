@@ -8,7 +8,9 @@ import pytest
 
 from hotmount.errors import InvalidRequest
 from hotmount.hostfs import HostRoot
-from hotmount.netdev_plan import (
+from hotmount.netdev.moves import Netdevs
+from hotmount.netdev.plan import (
+    RETURN_PATIENCE,
     Action,
     LinkInfo,
     NetdevConflict,
@@ -25,7 +27,6 @@ from hotmount.netdev_plan import (
     primary_interfaces,
     restore_plan,
 )
-from hotmount.netdevs import Netdevs
 
 # A node: bond0 (members eno1, eno2) carries the default route through vlan100 on it;
 # br0 holds veth hostA; ens1f0 is the RDMA NIC, with VFs and a macvlan child.
@@ -122,7 +123,6 @@ HERE = LinkInfo(7, "net1", mac="02:00:00:00:00:07", mtu=1500)
         ("attached", False, None, HERE, Action.RESTORE),  # a physical VF the kernel returned
         ("attaching", True, None, HERE, Action.RESTORE),  # crashed before the move
         ("detaching", True, None, HERE, Action.RESTORE),  # crashed after the move back
-        ("attached", False, None, None, Action.FORGET),  # a virtual one, destroyed
         ("attached", True, None, None, Action.FORGET),  # deleted inside by the tenant
     ],
 )
@@ -130,6 +130,38 @@ def test_reconcile_decisions(
     phase: str, alive: bool, inside: LinkInfo | None, host: LinkInfo | None, action: Action
 ) -> None:
     assert decide(record(phase), alive, inside, host) is action
+
+
+@pytest.mark.parametrize("phase", ["attaching", "attached", "detaching"])
+def test_a_virtual_interface_found_nowhere_is_forgotten_at_once(phase: str) -> None:
+    """Destroyed with its namespace: nothing of it can come back, however long one waits."""
+    veth = record(phase, kind="veth", host_index=7, lower=8)
+    assert decide(veth, False, None, None, unseen_for=0.0) is Action.FORGET
+
+
+def test_a_physical_interface_found_nowhere_is_waited_for_before_it_is_forgotten() -> None:
+    """The kernel returns a NIC when it tears the namespace down, from a workqueue, later
+    than the namespace's last process exits: one look in between finds it nowhere. (kind
+    None: physical, or an old record that does not say.)"""
+    nic = record(kind=None, perm_mac="0c:42:a1:00:00:07")
+    assert decide(nic, False, None, None, unseen_for=0.0) is Action.WAIT
+    assert decide(nic, False, None, None, unseen_for=RETURN_PATIENCE - 1) is Action.WAIT
+    assert decide(nic, False, None, None, unseen_for=RETURN_PATIENCE) is Action.FORGET
+    assert decide(nic, False, None, HERE, unseen_for=RETURN_PATIENCE - 1) is Action.RESTORE
+
+
+def test_the_wait_for_a_returned_interface_is_timed_from_the_first_look(tmp_path: Path) -> None:
+    """Seconds since it was first found nowhere; found again, the clock starts over."""
+    now = [100.0]
+    netdevs = Netdevs(HostRoot(tmp_path), tmp_path, ("hm*",), clock=lambda: now[0])
+    nic = record()
+    assert netdevs._unseen_for(nic, nowhere=True) == 0.0
+    now[0] += 25
+    assert netdevs._unseen_for(nic, nowhere=True) == 25.0
+    assert netdevs._unseen_for(record(inside="net2"), nowhere=True) == 0.0  # its own clock
+    assert netdevs._unseen_for(nic, nowhere=False) == 0.0
+    now[0] += 5
+    assert netdevs._unseen_for(nic, nowhere=True) == 0.0
 
 
 def test_a_returned_physical_interface_is_found_by_mac_whatever_it_is_called() -> None:
@@ -183,7 +215,8 @@ def test_reconcile_never_restores_an_interface_it_cannot_prove_ours(
 ) -> None:
     primary = primary_indexes(host, default_oifs=[2])
     assert find_returned(host, record(**changes), primary) is None
-    assert decide(record(**changes), False, None, None) is Action.FORGET
+    assert decide(record(**changes), False, None, None) in (Action.WAIT, Action.FORGET)
+    assert decide(record(**changes), False, None, None, RETURN_PATIENCE) is Action.FORGET
 
 
 def test_an_interface_still_on_the_host_under_its_index_is_found_even_virtual() -> None:
@@ -245,9 +278,11 @@ def test_a_namespace_outlives_its_init_while_a_process_holds_it() -> None:
     assert netns_holder(mine, [(1, 4026531833), (77, 4026532999)]) == 77
     assert netns_holder(mine, [(1, 4026531833)]) is None
     assert netns_holder(record(), [(77, 4026532999)]) is None  # an old record: no inode
-    # Found through its holder, the interface is kept; with the namespace gone, forgotten.
+    # Found through its holder, the interface is kept; with the namespace gone, waited
+    # for (a physical one: the kernel returns it), then forgotten.
     assert decide(mine, True, OURS, None) is Action.KEEP
-    assert decide(mine, False, None, None) is Action.FORGET
+    assert decide(mine, False, None, None) is Action.WAIT
+    assert decide(mine, False, None, None, RETURN_PATIENCE) is Action.FORGET
 
 
 def test_restore_plan_renames_and_restores_mtu_state_and_addresses() -> None:

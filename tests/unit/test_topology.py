@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from hotmount.topology import Level, PciLocation, distance, nearest, nearest_of_each, pci_path
+from hotmount.devices.topology import (
+    Level,
+    PciLocation,
+    distance,
+    nearest,
+    nearest_of_each,
+    pci_path,
+)
 
 ROOT = "pci0000:00"
 

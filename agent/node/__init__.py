@@ -1,0 +1,66 @@
+"""The node: pods to containers, the kubelet's books, holder pods, then the engine.
+
+One module per use case (mounting, moves, listing, the reconcile pass) and the parts
+they share (container locks, targets, the kubelet's books, holder pods, idle reclaim),
+each given what it uses in its constructor. `Node.build` wires them; the routes reach
+the use case they serve through agent/deps.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.config import AgentSettings
+from agent.kube.client import KubeClient
+from agent.metrics import Metrics
+from agent.node.holders import HolderPods
+from agent.node.idle_reclaim import IdleReclaim
+from agent.node.kubelet import KubeletBooks
+from agent.node.listing import Listing
+from agent.node.locks import ContainerLocks
+from agent.node.mounting import Mounting
+from agent.node.moves import Moves
+from agent.node.reconcile import ReconcilePass
+from agent.node.targets import Targets
+from agent.podresources import PodResourcesClient
+from hotmount import engine as eng
+
+
+@dataclass(frozen=True)
+class Node:
+    settings: AgentSettings
+    engine: eng.Engine
+    kube: KubeClient | None
+    metrics: Metrics
+    mounting: Mounting
+    moves: Moves
+    listing: Listing
+    reconciler: ReconcilePass
+
+    @classmethod
+    def build(
+        cls,
+        settings: AgentSettings,
+        engine: eng.Engine,
+        kube: KubeClient | None,
+        podresources: PodResourcesClient | None,
+        metrics: Metrics,
+    ) -> Node:
+        locks = ContainerLocks()
+        targets = Targets(settings, kube)
+        holders = HolderPods(settings, engine, kube, locks)
+        kubelet = KubeletBooks(settings, engine, kube, podresources)
+        idle_reclaim = IdleReclaim(settings, engine, kube, metrics, locks, holders)
+        mounting = Mounting(engine, kube, metrics, locks, targets, kubelet, holders, idle_reclaim)
+        listing = Listing(settings, engine, kube, targets, kubelet, idle_reclaim)
+        metrics.watch_mounts(settings.node_name or "", listing.mount_samples)
+        return cls(
+            settings=settings,
+            engine=engine,
+            kube=kube,
+            metrics=metrics,
+            mounting=mounting,
+            moves=Moves(engine, kube, metrics, locks, targets, mounting),
+            listing=listing,
+            reconciler=ReconcilePass(engine, metrics, holders, idle_reclaim),
+        )

@@ -1,0 +1,297 @@
+"""Holder pods: the pods that make the kubelet count a GPU mounted by count.
+
+A holder asks the scheduler for `count` GPUs on this node and is given some; the
+container gets those same GPUs hot-mounted, and the holder stands for them in the
+kubelet's books for as long as the mount lasts. Here: the manifest, creating one and
+waiting for it to run, releasing it after an unmount, and the two repairs reconcile
+makes (holders no mount accounts for; mounts whose holder is gone).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from agent.config import AgentSettings
+from agent.errors import ApiError, Timeout, Unschedulable
+from agent.kube.client import KubeClient, PodInfo
+from agent.node.locks import ContainerLocks
+from agent.node.results import require_kube
+from hotmount import engine as eng
+from hotmount.errors import HotmountError
+
+log = logging.getLogger(__name__)
+
+HOLDER_PREFIX = "hotmount-holder-"
+HOLDER_LABEL = "hotmount.io/holder-for"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-hotmount")
+HOLDER_SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{HOLDER_LABEL}"
+
+
+def holder_manifest(
+    settings: AgentSettings, target: PodInfo, name: str, count: int
+) -> dict[str, object]:
+    resource = settings.gpu_resource
+    spec: dict[str, object] = {
+        "nodeSelector": {"kubernetes.io/hostname": target.node_name},
+        "tolerations": [{"operator": "Exists"}],
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 0,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "containers": [
+            {
+                "name": "holder",
+                "image": settings.holder_image,
+                "imagePullPolicy": "IfNotPresent",
+                "resources": {
+                    "limits": {resource: str(count)},
+                    "requests": {resource: str(count)},
+                },
+                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}],
+            }
+        ],
+    }
+    if settings.holder_priority_class:
+        spec["priorityClassName"] = settings.holder_priority_class
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": target.namespace,
+            "labels": {MANAGED_BY[0]: MANAGED_BY[1], HOLDER_LABEL: target.name},
+            # Same namespace, not a controller: a cross-namespace owner would be
+            # treated as absent and the holder garbage-collected (GPUMounter's bug).
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": target.name,
+                    "uid": target.uid,
+                    "controller": False,
+                    "blockOwnerDeletion": False,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A holder pod that is Running: the kubelet has given it its devices."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class HolderPods:
+    settings: AgentSettings
+    engine: eng.Engine
+    kube: KubeClient | None
+    locks: ContainerLocks
+    # Holder pods of mounts in progress: reconcile never takes them for orphans.
+    _in_flight: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
+    _in_flight_guard: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    # When reconcile first saw each orphan-looking holder (monotonic, no clock skew).
+    _orphans_seen: dict[tuple[str, str], float] = field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    @contextmanager
+    def new(self, target: PodInfo, count: int) -> Iterator[Holder]:
+        """A Running holder pod of `count` GPUs for `target`, for the body to mount its
+        devices; deleted again if the body fails. Reconcile leaves it alone meanwhile."""
+        kube = require_kube(self.kube)
+        name = f"{HOLDER_PREFIX}{target.name[:40]}-{secrets.token_hex(3)}"
+        in_flight = (target.namespace, name)
+        with self._in_flight_guard:
+            self._in_flight.add(in_flight)
+        try:
+            manifest = holder_manifest(self.settings, target, name, count)
+            created = kube.create_pod(target.namespace, manifest)
+            try:
+                self._wait_running(target.namespace, name)
+                yield Holder(name, created.uid)
+            except BaseException:
+                try:
+                    kube.delete_pod(target.namespace, name)
+                except ApiError as exc:  # reconcile collects it; the caller sees the cause
+                    log.warning("could not delete holder pod %s: %s", name, exc.message)
+                raise
+        finally:
+            # After the ledger holds the mount (or the holder is deleted): reconcile reads
+            # the holders, then this set, then the ledger, so it never sees a gap.
+            with self._in_flight_guard:
+                self._in_flight.discard(in_flight)
+
+    def _wait_running(self, namespace: str, name: str) -> None:
+        deadline = time.monotonic() + self.settings.holder_timeout
+        while True:
+            pod = require_kube(self.kube).find_pod(namespace, name)
+            if pod is None:
+                raise Unschedulable(f"holder pod {namespace}/{name} disappeared")
+            if pod.phase == "Running":
+                return
+            if pod.unschedulable_message:
+                raise Unschedulable(f"no room for {name}: {pod.unschedulable_message}")
+            if pod.phase in ("Failed", "Succeeded"):
+                raise Unschedulable(f"holder pod {name} was rejected ({pod.phase})")
+            if time.monotonic() > deadline:
+                raise Timeout(
+                    f"holder pod {name} was not Running after {self.settings.holder_timeout:g}s"
+                )
+            time.sleep(0.2)
+
+    def named_in(self, container_id: str) -> set[str]:
+        """The holder pods the container's mounts name."""
+        record = self.engine.ledger.load(container_id)
+        if record is None:
+            return set()
+        return {h for d in record.devices.values() if (h := d.metadata.get("holder"))}
+
+    def release(self, namespace: str, container_id: str, before: set[str]) -> list[str]:
+        """Delete the holder pods none of whose devices is still mounted; wait until gone."""
+        gone = sorted(before - self.named_in(container_id))
+        if self.kube is None or not gone:
+            return []
+        for pod in gone:
+            self.kube.delete_pod(namespace, pod)
+        deadline = time.monotonic() + self.settings.holder_timeout
+        for pod in gone:
+            while self.kube.find_pod(namespace, pod) is not None:
+                if time.monotonic() > deadline:
+                    raise Timeout(f"holder pod {pod} is still there after deletion")
+                time.sleep(0.2)
+        return gone
+
+    def _in_flight_now(self) -> set[tuple[str, str]]:
+        with self._in_flight_guard:
+            return set(self._in_flight)
+
+    def take_back_unheld(self) -> list[str]:
+        """Unmount GPUs mounted by count whose holder pod is gone or finished.
+
+        The holder is what the kubelet counts the GPU against, and it lives in the
+        tenant's namespace, where the tenant may delete it. Without it the scheduler sees
+        the GPU free and may give it to another tenant's pod while this container still
+        has it: so the GPU goes (forced: the books are already wrong). The holder is
+        known by its uid too: a new pod the tenant gives the same name stands in for
+        nothing. Holders of mounts
+        in progress are skipped; the ledger is read again under the container's lock, so
+        a mount that came meanwhile, with a new holder, is left alone.
+        """
+        if self.kube is None:
+            return []
+        in_flight = self._in_flight_now()
+        taken = []
+        for record in self.engine.ledger.records():
+            by_holder: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+            for d in record.devices.values():
+                namespace, holder = d.metadata.get("namespace"), d.metadata.get("holder")
+                if namespace and holder and (namespace, holder) not in in_flight:
+                    by_holder[(namespace, holder, d.metadata.get("holderUid", ""))].append(d.key)
+            for (namespace, holder, uid), keys in by_holder.items():
+                try:
+                    pod = self.kube.find_pod(namespace, holder)
+                except ApiError as exc:
+                    log.warning("cannot read holder pod %s/%s: %s", namespace, holder, exc.message)
+                    continue
+                if (
+                    pod is not None
+                    and pod.phase not in ("Failed", "Succeeded")
+                    and (not uid or pod.uid == uid)  # not another pod of the same name
+                ):
+                    continue  # still there (only its labels changed): the books are right
+                ref = record.container_id or record.key
+                try:
+                    with self.locks.hold(ref):
+                        now = self.engine.ledger.load(record.key)
+                        mine = [
+                            k
+                            for k in keys
+                            if now
+                            and k in now.devices
+                            and now.devices[k].metadata.get("holder") == holder
+                        ]
+                        if mine:
+                            self.engine.unmount(ref, mine, force=True)
+                except HotmountError as exc:
+                    log.warning("cannot take back %s from %s: %s", keys, ref, exc.message)
+                    continue
+                if mine:
+                    log.warning(
+                        "took %s back from %s: its holder pod %s/%s is gone, so the kubelet "
+                        "counts it free",
+                        ", ".join(mine),
+                        ref,
+                        namespace,
+                        holder,
+                    )
+                    taken += mine
+        return taken
+
+    def collect_orphan_holders(self) -> list[str]:
+        """Delete this node's holder pods that no live mount accounts for.
+
+        A holder is kept while a ledger record (of a container the engine's reconcile
+        just found alive) names it, in its namespace; its labels decide nothing here: the
+        tenant may edit them, and a holder taken for an orphan frees its GPU in the
+        kubelet's books while the container still has it. Others are deleted once
+        they have looked orphaned for `holder_orphan_grace` seconds, so that a mount in
+        progress in another agent process (a rolling update) is never hit; this
+        process's own mounts in progress are skipped outright. Order matters: holders
+        are listed first, then the in-flight set is read, then the ledger, so a mount
+        that finishes in between is seen in the one or the other.
+        """
+        node = self.settings.node_name
+        if self.kube is None or not node:
+            return []
+        try:
+            listed = [h for h in self.kube.holder_pods(HOLDER_SELECTOR) if h.node == node]
+        except ApiError as exc:
+            log.warning("cannot list holder pods: %s", exc.message)
+            return []
+        in_flight = self._in_flight_now()
+        accounted = {
+            (d.metadata.get("namespace"), d.metadata.get("holder"))
+            for record in self.engine.ledger.records()
+            for d in record.devices.values()
+            if d.metadata.get("holder")
+        }
+        now = time.monotonic()
+        seen: dict[tuple[str, str], float] = {}
+        deleted = []
+        for holder in listed:
+            key = (holder.namespace, holder.name)
+            target = holder.labels.get(HOLDER_LABEL)
+            if key in in_flight or key in accounted:
+                continue
+            first = self._orphans_seen.get(key, now)
+            if now - first < self.settings.holder_orphan_grace:
+                seen[key] = first
+                continue
+            try:
+                self.kube.delete_pod(holder.namespace, holder.name)
+            except ApiError as exc:
+                log.warning("cannot delete orphan holder %s/%s: %s", *key, exc.message)
+                seen[key] = first
+                continue
+            log.info(
+                "deleted holder pod %s/%s: no live container of pod %s holds its devices",
+                holder.namespace,
+                holder.name,
+                target,
+            )
+            deleted.append(f"{holder.namespace}/{holder.name}")
+        self._orphans_seen.clear()
+        self._orphans_seen.update(seen)
+        return deleted

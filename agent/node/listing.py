@@ -1,0 +1,173 @@
+"""What is mounted where, for reading: the node's devices and everyone holding each, a
+pod's or a namespace's or a container's mounts, and the per-mount metrics samples."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from agent import idle
+from agent.config import AgentSettings
+from agent.errors import PodNotFound
+from agent.kube.client import KubeClient
+from agent.metrics import MountSample
+from agent.node.idle_reclaim import IdleReclaim
+from agent.node.kubelet import KubeletBooks, KubeletHold
+from agent.node.results import hot_holder, pod_of, require_kube
+from agent.node.targets import Targets
+from agent.schemas import (
+    ContainerDevices,
+    DeviceHolder,
+    DeviceInfo,
+    DeviceList,
+    MountedDevice,
+    PodDevices,
+)
+from hotmount import engine as eng
+from hotmount.claims import Claim
+from hotmount.ledger import DeviceRecord
+
+
+@dataclass(frozen=True)
+class Listing:
+    settings: AgentSettings
+    engine: eng.Engine
+    kube: KubeClient | None
+    targets: Targets
+    kubelet: KubeletBooks
+    idle_reclaim: IdleReclaim
+
+    @property
+    def node_name(self) -> str | None:
+        return self.settings.node_name
+
+    def devices(self) -> DeviceList:
+        """One entry per physical device, with everyone who holds it under any name."""
+        hot = self.engine.holders()
+        kubelet = self.kubelet.holds()
+        inventory = self.engine.inventory
+        near = {nic: [g.key for g in gpus] for nic, gpus in inventory.nearest_gpus().items()}
+        nearest_rdma = {gpu: nic for nic, gpus in near.items() for gpu in gpus}
+        infos = []
+        for device in inventory.devices:
+            mine = inventory.footprint(device)
+            holders = [hot_holder(c) for c in hot.get(device.key, [])]
+            holders += [h.holder() for h in kubelet if h.footprint.overlaps(mine)]
+            nic = nearest_rdma.get(device.key) or nearest_rdma.get(device.parent or "")
+            infos.append(DeviceInfo.of(device, holders, near.get(device.key), nic))
+        return DeviceList(node=self.settings.node_name, devices=infos)
+
+    def pod_devices_here(self, namespace: str, pod: str) -> PodDevices:
+        """A pod's mounts, once the pod is known to live on this node (NotOnThisNode
+        otherwise, for the route to forward)."""
+        self.targets.node_check(namespace, pod)
+        return self.pod_devices(namespace, pod)
+
+    def pod_devices(self, namespace: str, pod: str) -> PodDevices:
+        require_kube(self.kube).get_pod(namespace, pod)  # 404 for an unknown pod
+        containers = []
+        hot: dict[str, list[Claim]] | None = None
+        kubelet: list[KubeletHold] | None = None
+        for record in self.engine.ledger.records():
+            devices = [
+                d
+                for d in record.devices.values()
+                if d.metadata.get("namespace") == namespace and d.metadata.get("pod") == pod
+            ]
+            if devices:
+                hot = hot if hot is not None else self.engine.holders()
+                kubelet = kubelet if kubelet is not None else self.kubelet.holds()
+                containers.append(
+                    ContainerDevices(
+                        container=devices[0].metadata.get("container"),
+                        container_id=record.container_id or record.key,
+                        devices=[
+                            self._mounted_from_record(d, record.key, hot, kubelet) for d in devices
+                        ],
+                    )
+                )
+        return PodDevices(namespace=namespace, pod=pod, containers=containers)
+
+    def namespace_mounts(self, namespace: str) -> list[PodDevices]:
+        pods = sorted(
+            {
+                d.metadata["pod"]
+                for r in self.engine.ledger.records()
+                for d in r.devices.values()
+                if d.metadata.get("namespace") == namespace and d.metadata.get("pod")
+            }
+        )
+        out = []
+        for pod in pods:
+            try:
+                out.append(self.pod_devices(namespace, pod))
+            except PodNotFound:
+                continue
+        return out
+
+    def container_devices(self, container_id: str) -> PodDevices:
+        container = self.engine.resolve(container_id)
+        record = self.engine.ledger.load(container.key)
+        devices = list(record.devices.values()) if record else []
+        return PodDevices(
+            containers=[
+                ContainerDevices(
+                    container=None,
+                    container_id=container.key,
+                    devices=[self._mounted_from_record(d, container.key) for d in devices],
+                )
+            ]
+        )
+
+    def _mounted_from_record(
+        self,
+        entry: DeviceRecord,
+        owner: str,
+        hot: dict[str, list[Claim]] | None = None,
+        kubelet: list[KubeletHold] | None = None,
+    ) -> MountedDevice:
+        """A mounted device, with everyone else who holds the same physical device."""
+        device = self.engine.inventory.get(entry.key)
+        own = [n.path for n in device.nodes] if device else entry.node_paths
+        others: list[DeviceHolder] = []
+        if device is not None:
+            mine = self.engine.inventory.footprint(device)
+            claims_now = (hot or {}).get(device.key, [])
+            others += [hot_holder(c) for c in claims_now if c.owner != owner]
+            others += [h.holder() for h in kubelet or [] if h.footprint.overlaps(mine)]
+        timeout = idle.timeout_of(entry.metadata)
+        idle_for = self.idle_reclaim.idle_for(owner, entry, time.monotonic())
+        return MountedDevice(
+            key=entry.key,
+            kind=entry.kind,
+            index=device.index if device else None,
+            uuid=device.uuid if device else None,
+            paths=own,
+            shared_with=pod_of(entry.shared_with),
+            other_holders=others,
+            idle_timeout=idle.format_duration(timeout) if timeout is not None else None,
+            idle_seconds=int(idle_for) if idle_for is not None else None,
+        )
+
+    def mount_samples(self) -> list[MountSample]:
+        """Every hot-mounted GPU, for the per-mount gauges (read at scrape time)."""
+        now = time.monotonic()
+        samples = []
+        for record in self.engine.ledger.records():
+            for entry in record.devices.values():
+                if not self.idle_reclaim.is_gpu(entry):
+                    continue
+                device = self.engine.inventory.get(entry.key)
+                paths = [n.path for n in device.nodes] if device else entry.node_paths
+                meta = entry.metadata
+                samples.append(
+                    MountSample(
+                        gpu_uuid=(device.uuid if device else None) or "",
+                        device=paths[0].rpartition("/")[2] if paths else entry.key,
+                        namespace=meta.get("namespace", ""),
+                        pod=meta.get("pod", ""),
+                        container=meta.get("container") or record.container_id or record.key,
+                        idle_seconds=self.idle_reclaim.idle_for(record.key, entry, now),
+                    )
+                )
+        return samples

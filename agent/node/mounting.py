@@ -1,0 +1,244 @@
+"""Mount and unmount: named devices or a count into a pod's containers, and devices
+into standalone containers (--no-kubernetes), with the Events that tell the pod.
+
+Everything here is synchronous and runs in FastAPI's thread pool; the engine is the
+only thing that touches the kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from agent import idle
+from agent.errors import BadRequest, UpstreamError
+from agent.kube.client import ContainerInfo, KubeClient, PodInfo
+from agent.metrics import Metrics
+from agent.node.holders import HolderPods
+from agent.node.idle_reclaim import IdleReclaim
+from agent.node.kubelet import KubeletBooks
+from agent.node.locks import ContainerLocks
+from agent.node.results import (
+    label,
+    measure,
+    meta,
+    mount_result,
+    pod_of,
+    record_event,
+)
+from agent.node.targets import Targets
+from agent.schemas import ContainerMount, MountRequest, MountResult, UnmountResult
+from hotmount import engine as eng
+from hotmount.devices import companions
+from hotmount.errors import HotmountError
+from hotmount.results import MountResult as EngineMountResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Mounting:
+    engine: eng.Engine
+    kube: KubeClient | None
+    metrics: Metrics
+    locks: ContainerLocks
+    targets: Targets
+    kubelet: KubeletBooks
+    holders: HolderPods
+    idle_reclaim: IdleReclaim
+
+    def mount_pod(self, namespace: str, pod: str, request: MountRequest, user: str) -> MountResult:
+        with measure(self.metrics, "mount"):
+            info, containers = self.targets.containers(namespace, pod, request.container_names())
+            group = f"{namespace}/{pod}"  # containers of one pod share without asking
+            share = self.targets.share_group(info, request)
+            extra = self.idle_reclaim.idle_meta(request, info.annotations)
+            if request.count is not None:
+                if len(containers) > 1:
+                    raise BadRequest("count mounts into one container; name one, not several")
+                [container] = containers
+                metadata = {**meta(info, container, user), **extra}
+                assert container.container_id is not None
+                with self.locks.hold(container.container_id):
+                    result = self._mount_by_count(info, container, request.count, metadata)
+                done = [(container, result)]
+            else:
+                assert request.devices is not None
+                devices = self.engine.inventory.resolve_all(request.devices)
+                rdma = request.rdma_options()
+                if not request.force:
+                    # The RDMA devices the engine will add ride along unnamed: the
+                    # kubelet's books are checked for them as for the GPUs.
+                    riders = companions.rdma_for(
+                        self.engine.inventory, devices, rdma["with_rdma"], rdma["rdma"] or ()
+                    )
+                    checked = [*devices, *(nic for nic, _ in riders.values())]
+                    self.kubelet.refuse_allocated(checked, info, share)
+                keys = [d.key for d in devices]
+                done = self._mount_each(
+                    info,
+                    containers,
+                    keys,
+                    request.force,
+                    user,
+                    group,
+                    share,
+                    extra,
+                    rdma=rdma,
+                )
+            timeout = idle.timeout_of(extra)
+            for container, each in done:
+                for d in each.mounted:
+                    d.idle_timeout = idle.format_duration(timeout) if timeout else None
+                if each.mounted:
+                    names = ", ".join(label(d) for d in each.mounted)
+                    record_event(
+                        self.kube,
+                        info,
+                        "GPUMounted",
+                        f"hot-mounted {names} into {container.name} for {user}",
+                    )
+            first = done[0][1]
+            if len(done) > 1:
+                first.containers = [
+                    ContainerMount(
+                        container=r.container,
+                        container_id=r.container_id,
+                        mounted=r.mounted,
+                        already_mounted=r.already_mounted,
+                    )
+                    for _, r in done
+                ]
+            return first
+
+    def _mount_by_count(
+        self, target: PodInfo, container: ContainerInfo, count: int, metadata: dict[str, str]
+    ) -> MountResult:
+        with self.holders.new(target, count) as holder:
+            keys = self.kubelet.holder_devices(target.namespace, holder.name)
+            if len(keys) != count:
+                raise UpstreamError(
+                    f"holder pod {holder.name} got {len(keys)} devices from the kubelet, "
+                    f"not {count}"
+                )
+            assert container.container_id is not None
+            done = self.engine.mount(
+                container.container_id,
+                keys,
+                metadata={**metadata, "holder": holder.name, "holderUid": holder.uid},
+                group=f"{target.namespace}/{target.name}",
+            )
+        result = mount_result(done, target, container)
+        result.holder_pod = holder.name
+        return result
+
+    def _mount_each(
+        self,
+        info: PodInfo,
+        containers: list[ContainerInfo],
+        keys: list[str],
+        force: bool,
+        user: str,
+        group: str,
+        share: str | None,
+        extra: dict[str, str] | None = None,
+        rdma: dict[str, Any] | None = None,
+    ) -> list[tuple[ContainerInfo, MountResult]]:
+        """The same devices into each container, or into none: a failure rolls back the
+        containers this call already mounted."""
+        done: list[tuple[ContainerInfo, EngineMountResult]] = []
+        try:
+            for container in containers:
+                assert container.container_id is not None
+                with self.locks.hold(container.container_id):
+                    result = self.engine.mount(
+                        container.container_id,
+                        keys,
+                        force=force,
+                        metadata={**meta(info, container, user), **(extra or {})},
+                        group=group,
+                        share_with=share,
+                        **(rdma or {}),
+                    )
+                done.append((container, result))
+        except BaseException:
+            for container, result in reversed(done):
+                if not result.mounted:
+                    continue
+                assert container.container_id is not None
+                try:
+                    with self.locks.hold(container.container_id):
+                        self.engine.unmount(container.container_id, [m.key for m in result.mounted])
+                except HotmountError as exc:
+                    log.error("rollback from %s failed: %s", container.name, exc.message)
+            raise
+        results = [(c, mount_result(r, info, c)) for c, r in done]
+        for _, result in results:
+            for mounted in result.mounted:
+                mounted.shared_with = pod_of(share)
+        return results
+
+    def unmount_pod(
+        self,
+        namespace: str,
+        pod: str,
+        devices: list[str] | None,
+        *,
+        container: str | None,
+        force: bool,
+        user: str,
+    ) -> UnmountResult:
+        with measure(self.metrics, "unmount"):
+            info, chosen = self.targets.container(namespace, pod, container)
+            assert chosen.container_id is not None
+            with self.locks.hold(chosen.container_id):
+                holders = self.holders.named_in(chosen.container_id)
+                result = self.engine.unmount(chosen.container_id, devices, force=force)
+                released = self.holders.release(namespace, chosen.container_id, holders)
+            out = UnmountResult(
+                namespace=namespace,
+                pod=pod,
+                container=chosen.name,
+                container_id=chosen.container_id,
+                unmounted=result.unmounted,
+                not_mounted=result.not_mounted,
+                stopped_pids=result.stopped_pids,
+                netdevs=result.netdevs,
+            )
+            out.holder_pods_deleted = released
+            if result.unmounted:
+                names = ", ".join(result.unmounted)
+                record_event(
+                    self.kube, info, "GPUUnmounted", f"took {names} from {chosen.name} for {user}"
+                )
+            return out
+
+    # -- standalone containers
+    def mount_container(self, container_id: str, request: MountRequest) -> MountResult:
+        if request.count is not None:
+            raise BadRequest("mounting by count needs Kubernetes (the scheduler keeps the books)")
+        assert request.devices is not None
+        extra = self.idle_reclaim.idle_meta(request, {})
+        with measure(self.metrics, "mount"), self.locks.hold(container_id):
+            done = self.engine.mount(
+                container_id,
+                request.devices,
+                force=request.force,
+                metadata={"container_id": container_id, **extra},
+                **request.rdma_options(),
+            )
+        return mount_result(done, None, None)
+
+    def unmount_container(
+        self, container_id: str, devices: list[str] | None, force: bool
+    ) -> UnmountResult:
+        with measure(self.metrics, "unmount"), self.locks.hold(container_id):
+            done = self.engine.unmount(container_id, devices, force=force)
+        return UnmountResult(
+            container_id=str(done.container.get("id") or container_id),
+            unmounted=done.unmounted,
+            not_mounted=done.not_mounted,
+            stopped_pids=done.stopped_pids,
+            netdevs=done.netdevs,
+        )

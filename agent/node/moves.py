@@ -1,0 +1,144 @@
+"""Moves: a named GPU from one pod's container to another's (reassign), put back where
+it was when the mount at the target fails."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from agent.errors import ApiError
+from agent.kube.client import KubeClient
+from agent.metrics import Metrics
+from agent.node.locks import ContainerLocks
+from agent.node.mounting import Mounting
+from agent.node.results import device_label, measure, record_event
+from agent.node.targets import Targets
+from agent.schemas import MountRequest, ReassignRequest, ReassignResult
+from hotmount import engine as eng
+from hotmount.devices.model import Device
+from hotmount.errors import HotmountError
+from hotmount.ledger import DeviceRecord
+
+log = logging.getLogger(__name__)
+
+
+class NotMounted(ApiError):
+    code, reason = 409, "NotMounted"
+
+
+class MountedByCount(ApiError):
+    """A count-mounted GPU is accounted for by a holder pod that cannot follow it."""
+
+    code, reason = 409, "MountedByCount"
+
+
+@dataclass(frozen=True)
+class Moves:
+    engine: eng.Engine
+    kube: KubeClient | None
+    metrics: Metrics
+    locks: ContainerLocks
+    targets: Targets
+    mounting: Mounting
+
+    def reassign(self, request: ReassignRequest, user: str) -> ReassignResult:
+        with measure(self.metrics, "reassign"):
+            source_pod, source = self.targets.container(
+                request.from_.namespace, request.from_.pod, request.from_.container
+            )
+            target_pod, target = self.targets.container(
+                request.to.namespace, request.to.pod, request.to.container
+            )
+            device = self.engine.inventory.resolve(request.device)
+            assert source.container_id is not None and target.container_id is not None
+            record = self.engine.ledger.load(source.container_id)
+            if record is None or device.key not in record.devices:
+                raise NotMounted(
+                    f"device {device_label(device)} is not hot-mounted in "
+                    f"{request.from_.namespace}/{request.from_.pod}"
+                )
+            source_entry = record.devices[device.key]
+            source_meta = dict(source_entry.metadata)
+            if source_meta.get("holder"):
+                raise MountedByCount(
+                    f"device {device_label(device)} was mounted into "
+                    f"{request.from_.namespace}/{request.from_.pod} by count: the kubelet "
+                    f"counts it as holder pod {request.from_.namespace}/{source_meta['holder']}'s, "
+                    "and a holder cannot follow it (the kubelet cannot be asked for one "
+                    "particular GPU). Unmount it there, then mount by count into "
+                    f"{request.to.namespace}/{request.to.pod}",
+                    {"holderPod": source_meta["holder"]},
+                )
+            unmounted = self.mounting.unmount_pod(
+                request.from_.namespace,
+                request.from_.pod,
+                [device.key],
+                container=source.name,
+                force=request.force,
+                user=user,
+            )
+            try:
+                mounted = self.mounting.mount_pod(
+                    request.to.namespace,
+                    request.to.pod,
+                    MountRequest(container=target.name, devices=[device.key], force=request.force),
+                    user,
+                )
+            except Exception as exc:
+                self._roll_back(source.container_id, device, source_entry, request.force, exc)
+                raise
+            for pod in (source_pod, target_pod):
+                record_event(
+                    self.kube,
+                    pod,
+                    "GPUReassigned",
+                    f"{device_label(device)} moved from "
+                    f"{source_pod.namespace}/{source_pod.name} to "
+                    f"{target_pod.namespace}/{target_pod.name} for {user}",
+                )
+            return ReassignResult(
+                device=device.key,
+                from_=request.from_,
+                to=request.to,
+                unmounted=unmounted,
+                mounted=mounted,
+            )
+
+    def _roll_back(
+        self,
+        container_id: str,
+        device: Device,
+        entry: DeviceRecord,
+        force: bool,
+        cause: Exception,
+    ) -> None:
+        """Put the device back as it was (its pod's group, its share). Forced only when the
+        move was: whoever claimed the device in between keeps it, and the caller hears so."""
+        try:
+            with self.locks.hold(container_id):
+                self.engine.mount(
+                    container_id,
+                    [device.key],
+                    force=force,
+                    metadata=dict(entry.metadata),
+                    group=entry.group,
+                    share_with=entry.shared_with,
+                )
+        except HotmountError as exc:
+            log.error(
+                "reassign rollback of %s failed: %s (after %s)", device.key, exc.message, cause
+            )
+            if isinstance(cause, ApiError | HotmountError):
+                cause_details = getattr(cause, "details", None) or {}
+                if isinstance(cause, ApiError):
+                    cause.details = {**cause_details, "rolledBack": False}
+                else:
+                    cause.message = (
+                        f"{cause.message} (it could not go back to its source: {exc.message})"
+                    )
+            return
+        log.warning("reassign of %s failed (%s); it went back to its source", device.key, cause)
+        if isinstance(cause, ApiError):
+            cause.details = {**(cause.details or {}), "rolledBack": True}
+        elif isinstance(cause, HotmountError):
+            cause.message = f"{cause.message} (the device went back to its source)"

@@ -1,0 +1,108 @@
+"""What every use case of the node shares: engine results as API schemas, the labels
+messages use, and the small acts around an operation (its metrics, an Event, the
+Kubernetes client or a 400)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from agent import idle
+from agent.errors import ApiError, BadRequest
+from agent.kube.client import ContainerInfo, KubeClient, PodInfo
+from agent.metrics import Metrics
+from agent.schemas import DeviceHolder, MountedDevice, MountResult
+from hotmount import results as engine_results
+from hotmount.claims import Claim
+from hotmount.devices.model import Device
+from hotmount.errors import HotmountError
+from hotmount.ledger import DeviceRecord
+
+
+def require_kube(kube: KubeClient | None) -> KubeClient:
+    if kube is None:
+        raise BadRequest("this agent runs without Kubernetes (--no-kubernetes)")
+    return kube
+
+
+def record_event(kube: KubeClient | None, pod: PodInfo, reason: str, message: str) -> None:
+    if kube is not None:
+        kube.record_event(pod, reason, message)
+
+
+@contextmanager
+def measure(metrics: Metrics, operation: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    except (ApiError, HotmountError) as exc:
+        code = getattr(exc, "code", None) or getattr(exc, "http_status", 500)
+        metrics.operations.labels(operation, "conflict" if code == 409 else "error").inc()
+        raise
+    except Exception:
+        metrics.operations.labels(operation, "error").inc()
+        raise
+    else:
+        metrics.operations.labels(operation, "success").inc()
+    finally:
+        metrics.latency.labels(operation).observe(time.perf_counter() - started)
+
+
+def mount_result(
+    done: engine_results.MountResult, pod: PodInfo | None, container: ContainerInfo | None
+) -> MountResult:
+    def convert(items: list[engine_results.MountedDevice]) -> list[MountedDevice]:
+        return [
+            MountedDevice(key=m.key, kind=m.kind, index=m.index, uuid=m.uuid, paths=m.paths)
+            for m in items
+        ]
+
+    return MountResult(
+        namespace=pod.namespace if pod else None,
+        pod=pod.name if pod else None,
+        container=container.name if container else None,
+        container_id=str(done.container.get("id") or ""),
+        mounted=convert(done.mounted),
+        already_mounted=convert(done.already_mounted),
+        netdevs=done.netdevs,
+    )
+
+
+def hot_holder(claim: Claim) -> DeviceHolder:
+    return DeviceHolder(
+        source="hotmount",
+        namespace=claim.holder.get("namespace"),
+        pod=claim.holder.get("pod"),
+        container=claim.holder.get("container"),
+        container_id=claim.owner,
+        device=claim.device,
+        shared_with=pod_of(claim.shared_with),
+    )
+
+
+def clock_key(owner: str, entry: DeviceRecord) -> tuple[str, str, str]:
+    """One mount: a device unmounted and mounted again starts a new idle clock."""
+    return (owner, entry.key, entry.metadata.get(idle.MOUNT_ID_KEY) or entry.mounted_at)
+
+
+def pod_of(group: str | None) -> str | None:
+    """`namespace/pod` -> `pod`: sharing never leaves a namespace."""
+    return group.rpartition("/")[2] if group else None
+
+
+def meta(info: PodInfo, container: ContainerInfo, user: str) -> dict[str, str]:
+    return {
+        "namespace": info.namespace,
+        "pod": info.name,
+        "container": container.name,
+        "user": user,
+    }
+
+
+def label(device: MountedDevice) -> str:
+    return f"GPU {device.index} ({device.key})" if device.index is not None else device.key
+
+
+def device_label(device: Device) -> str:
+    return f"{device.index} ({device.key})" if device.index is not None else device.key
