@@ -21,7 +21,13 @@ from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import ContainerNotFound, InvalidRequest, KernelError
 from hotmount.hostfs import HostRoot
 from hotmount.netdev.moves import NetdevNotFound, Netdevs
-from hotmount.netdev.plan import NetdevConflict, NetdevRecord, NetdevRefused, NetdevSpec
+from hotmount.netdev.plan import (
+    RETURN_PATIENCE,
+    NetdevConflict,
+    NetdevRecord,
+    NetdevRefused,
+    NetdevSpec,
+)
 from tests.kernel.conftest import GPU0, GPU1
 from tests.support.netdevs import ip, make_primary
 from tests.support.runc import RuncContainer
@@ -138,6 +144,34 @@ def test_a_killed_container_destroys_the_veth_and_reconcile_forgets_it(
     report = engine.reconcile()
     assert report.netdevs == [f"{a}: forget"]
     assert engine.netdevs.records() == []
+
+
+def test_a_physical_interface_found_nowhere_is_waited_for_then_forgotten(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str], state_dir: Path
+) -> None:
+    """The kernel returns a NIC when it tears the namespace down, from a workqueue, after
+    the last process exits: reconcile must not forget it from a look in between. A veth
+    recorded as physical (kind None, as a NIC's record is) stands in for a NIC the kernel
+    has not returned yet: after the namespace is gone it is in neither place."""
+    a, b = veth
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
+    [path] = (state_dir / "netdevs").glob("*.json")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "kind": None}))
+    box.stop()
+    wait_for(
+        lambda: link(a) is None and link(b) is None,
+        f"the kernel to destroy both ends of the veth ({a}, {b}) with the namespace",
+    )
+
+    assert engine.reconcile().netdevs == []  # waited for: still recorded
+    assert len(engine.netdevs.records()) == 1
+
+    now = [0.0]
+    later = Netdevs(engine.host, state_dir, (), clock=lambda: now[0])
+    assert later.reconcile(engine.ledger.lock) == [] and len(later.records()) == 1
+    now[0] = RETURN_PATIENCE
+    assert later.reconcile(engine.ledger.lock) == [f"{a}: forget"]
+    assert later.records() == []
 
 
 def test_an_interface_the_kernel_returns_gets_its_name_and_state_back(
