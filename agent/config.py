@@ -10,6 +10,7 @@ Every flag has an environment twin: `--reconcile-interval 5` is
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -86,10 +87,18 @@ class AgentSettings(BaseSettings):
     )
     gpu_resource: str = Field(default="nvidia.com/gpu", description="extended resource name")
     holder_image: str = Field(
-        default="registry.k8s.io/pause:3.9", description="image of the holder pods (--count)"
+        default="registry.k8s.io/pause:3.9", description="image of the holder and pin pods"
     )
     holder_priority_class: str | None = Field(
-        default=None, description="priority class of the holder pods"
+        default=None,
+        description="priority class of the holder and pin pods (default: the target pod's)",
+    )
+    on_double_booking: Literal["take-back", "warn"] = Field(
+        default="take-back",
+        description=(
+            "when the kubelet gives a hot-mounted GPU to another pod: take-back (a forced "
+            "unmount, --stop-grace) or warn (Events and the metric only)"
+        ),
     )
     holder_timeout: float = Field(default=60.0, gt=0, description="seconds to wait for a holder")
     holder_orphan_grace: float = Field(

@@ -64,6 +64,13 @@ class Unschedulable(ApiError):
     code, reason = 409, "Unschedulable"
 
 
+class QuotaExceeded(ApiError):
+    """A ResourceQuota of the target's namespace has no room for the pin or holder pod
+    that would charge it: refused as the API server refuses, and nothing is mounted."""
+
+    code, reason = 403, "QuotaExceeded"
+
+
 class TooLarge(ApiError):
     code, reason = 413, "RequestEntityTooLarge"
 

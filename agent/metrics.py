@@ -117,6 +117,18 @@ class Metrics:
             "Hot-mounted GPUs reconcile took back after their idle timeout",
             registry=self.registry,
         )
+        self.double_booked = Gauge(
+            "hotmount_gpu_double_booked",
+            "1 for each hot-mounted GPU the kubelet also gave another pod, as the last "
+            "reconcile found it (docs/api.md, Accounting)",
+            ["gpu", "namespace", "pod", "other_namespace", "other_pod"],
+            registry=self.registry,
+        )
+        self.double_bookings_taken_back = Counter(
+            "hotmount_gpu_double_bookings_taken_back_total",
+            "Double-booked hot-mounts reconcile took back (--on-double-booking=take-back)",
+            registry=self.registry,
+        )
         self.reconciles = Counter(
             "hotmount_reconciles_total",
             "Reconcile passes by result",

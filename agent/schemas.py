@@ -103,6 +103,8 @@ class DeviceHolder(Model):
     container_id: str | None = None
     device: str | None = None
     shared_with: str | None = None
+    # A hot-mount: the pin pod that keeps it in the scheduler's books (its namespace's).
+    pin: str | None = None
 
 
 class DeviceInfo(Model):
@@ -122,6 +124,9 @@ class DeviceInfo(Model):
     # RDMA: the GPUs whose nearest NIC this is; a GPU: its nearest RDMA device (withRdma).
     nearest_gpus: list[str] = Field(default_factory=list)
     nearest_rdma: str | None = None
+    # Whose books the GPU is in: device-plugin, dra or unmanaged (None: not a GPU, or
+    # not known here, as with `nvcli --local`). docs/api.md, "Accounting".
+    management: str | None = None
 
     @classmethod
     def of(
@@ -130,6 +135,7 @@ class DeviceInfo(Model):
         holders: list[DeviceHolder],
         nearest_gpus: list[str] | None = None,
         nearest_rdma: str | None = None,
+        management: str | None = None,
     ) -> DeviceInfo:
         """An inventory device as the wire shows it (the agent and `nvcli --local` alike):
         one entry per physical device, with every name it has and everyone who holds it."""
@@ -149,6 +155,7 @@ class DeviceInfo(Model):
             netdevs=list(device.netdevs),
             nearest_gpus=nearest_gpus or [],
             nearest_rdma=nearest_rdma,
+            management=management,
         )
 
 
@@ -254,6 +261,7 @@ class MountedDevice(Model):
     idle_timeout: str | None = None  # reclaimed after this long unheld (None: never)
     # Seconds no process has held it, as the reconciler last saw (0: held; None: not yet seen).
     idle_seconds: int | None = None
+    pin: str | None = None  # the pin pod that keeps it in the scheduler's books
 
 
 class ContainerMount(Model):

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT = 120.0
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
-EXIT_NOT_FOUND, EXIT_AUTH, EXIT_TIMEOUT = 4, 5, 6
+EXIT_NOT_FOUND, EXIT_AUTH, EXIT_TIMEOUT, EXIT_QUOTA = 4, 5, 6, 7
 
 
 class HotmountClientError(Exception):
@@ -75,11 +75,20 @@ class Timeout(HotmountClientError):
     exit_code = EXIT_TIMEOUT
 
 
+class QuotaExceeded(HotmountClientError):
+    """The namespace's ResourceQuota has no room for the GPU: not a permission problem."""
+
+    exit_code = EXIT_QUOTA
+
+
 class Unavailable(HotmountClientError):
     exit_code = EXIT_ERROR
 
 
-_BY_REASON: dict[str, type[HotmountClientError]] = {"DeviceBusy": Busy}
+_BY_REASON: dict[str, type[HotmountClientError]] = {
+    "DeviceBusy": Busy,
+    "QuotaExceeded": QuotaExceeded,
+}
 _BY_CODE: dict[int, type[HotmountClientError]] = {
     400: InvalidRequest,
     401: Unauthorized,

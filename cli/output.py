@@ -114,7 +114,8 @@ def holder_text(holder: DeviceHolder | Mapping[str, Any] | None) -> str:
     who = _pod(h.get("namespace"), pod) if pod else (h.get("containerId") or "")[:13]
     if container:
         who += f" ({container})"
-    return f"{who} [{h.get('source')}]"
+    pin = f", pin {h['pin']}" if h.get("pin") else ""
+    return f"{who} [{h.get('source')}{pin}]"
 
 
 def holders_text(
@@ -136,6 +137,7 @@ def devices_table(listings: list[DeviceList]) -> str:
             d.uuid,
             ",".join(d.aliases) or "-",
             nearest_text(d, listing),
+            d.management or "-",
             holders_text(d.holders, d.holder),
         ]
         for listing in listings
@@ -143,7 +145,17 @@ def devices_table(listings: list[DeviceList]) -> str:
     ]
     if not rows:
         return "No devices found."
-    headers = ["NODE", "INDEX", "DEVICE", "KIND", "UUID", "ALIASES", "NEAREST", "HELD BY"]
+    headers = [
+        "NODE",
+        "INDEX",
+        "DEVICE",
+        "KIND",
+        "UUID",
+        "ALIASES",
+        "NEAREST",
+        "BOOKS",
+        "HELD BY",
+    ]
     return columns(headers, rows)
 
 
@@ -170,6 +182,7 @@ def status_table(doc: Mapping[str, Any]) -> str:
             d.get("uuid"),
             d.get("paths"),
             holders_text(d["otherHolders"]) if d.get("otherHolders") else "-",
+            d.get("pin") or "-",
             idle_text(d.get("idleSeconds"), d.get("idleTimeout")),
         ]
         for c in doc.get("containers") or []
@@ -185,6 +198,7 @@ def status_table(doc: Mapping[str, Any]) -> str:
         "UUID",
         "PATHS",
         "SHARED WITH",
+        "PIN",
         "IDLE/TIMEOUT",
     ]
     return columns(headers, rows)
@@ -201,7 +215,7 @@ def idle_text(seconds: int | None, timeout: str | None) -> str:
 
 def mount_table(result: MountResult) -> str:
     rows = [
-        [d.index if d.index is not None else "-", d.key, state, d.paths]
+        [d.index if d.index is not None else "-", d.key, state, d.paths, d.pin or "-"]
         for state, devices in (
             ("mounted", result.mounted),
             ("already mounted", result.already_mounted),
@@ -209,7 +223,7 @@ def mount_table(result: MountResult) -> str:
         for d in devices
     ]
     where = _where(result.namespace, result.pod, result.container, result.container_id)
-    lines = [columns(["INDEX", "DEVICE", "STATE", "PATHS"], rows) if rows else "No devices."]
+    lines = [columns(["INDEX", "DEVICE", "STATE", "PATHS", "PIN"], rows) if rows else "No devices."]
     lines.append(f"into {where}")
     for other in result.containers[1:]:  # the same devices, into every container asked for
         mounted = ", ".join(d.key for d in other.mounted + other.already_mounted) or "nothing"

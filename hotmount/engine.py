@@ -112,6 +112,7 @@ class Engine:
         with_rdma: bool = False,
         rdma: list[str] | None = None,
         netdev: NetdevSpec | None = None,
+        device_metadata: dict[str, dict[str, str]] | None = None,
     ) -> MountResult:
         """Mount `device_refs` into one container.
 
@@ -120,10 +121,12 @@ class Engine:
         the same physical devices this mount joins on purpose (hotmount/claims.py).
         `with_rdma`, `rdma`: RDMA devices that come and go with these GPUs
         (hotmount/devices/companions.py). `netdev`: an interface moved into the container's
-        network namespace with them (hotmount/netdev/moves.py).
+        network namespace with them (hotmount/netdev/moves.py). `device_metadata`: more
+        metadata for some devices, by key (each GPU's own pin).
         """
         if netdev is not None:
             options = {"force": force, "metadata": metadata, "group": group}
+            options |= {"device_metadata": device_metadata}
             options |= {"share_with": share_with, "with_rdma": with_rdma, "rdma": rdma}
             return self._mount_with_netdev(ref, device_refs, netdev, options)
         devices = self.inventory.resolve_all(device_refs)
@@ -165,7 +168,7 @@ class Engine:
                     kind=str(device.kind),
                     node_paths=[n.path for n in device.all_nodes],
                     mounted_at=now(),
-                    metadata=metadata or {},
+                    metadata={**(metadata or {}), **(device_metadata or {}).get(device.key, {})},
                     group=group,
                     shared_with=joined.get(device.key),
                     with_devices=riders[device.key][1] if device.key in riders else [],

@@ -7,6 +7,7 @@ API server speaking the real wire format.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from agent.errors import Forbidden, PodNotFound, UpstreamError
+from agent.errors import Forbidden, PodNotFound, QuotaExceeded, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class PodInfo:
     unschedulable_message: str | None = None
     ports: dict[str, int] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    priority_class_name: str | None = None
 
     def container(self, name: str | None) -> ContainerInfo | None:
         if name is None:
@@ -58,7 +60,7 @@ class HolderPod:
     namespace: str
     name: str
     labels: dict[str, str]
-    node: str | None  # spec.nodeName, or the hostname it is pinned to while Pending
+    node: str | None  # spec.nodeName, or the node it is pinned to while Pending
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ def _pod_info(pod: client.V1Pod) -> PodInfo:
         unschedulable_message=message,
         ports=ports,
         annotations=pod.metadata.annotations or {},
+        priority_class_name=pod.spec.priority_class_name,
     )
 
 
@@ -184,7 +187,39 @@ class KubeClient:
         try:
             return _pod_info(self.core.create_namespaced_pod(namespace, manifest))
         except ApiException as exc:
-            raise _upstream(exc, f"creating pod in {namespace}") from exc
+            raise api_error(exc, f"creating pod in {namespace}", namespace) from exc
+
+    def hand_over(self, namespace: str, name: str, labels: dict[str, str], owner: PodInfo) -> None:
+        """Make pod `name` stand for `owner`: its labels and its one owner reference, in one
+        patch (the admission policy checks that both agree)."""
+        patch = {
+            "metadata": {
+                "labels": labels,
+                "ownerReferences": [owner_reference(owner)],
+            }
+        }
+        try:
+            # A JSON merge patch replaces the owner list; a strategic merge would add the
+            # new owner beside the old, and the old one's deletion would take the pin along.
+            self.core.patch_namespaced_pod(
+                name, namespace, patch, _content_type="application/merge-patch+json"
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                raise PodNotFound(f"pod {namespace}/{name} not found") from exc
+            raise _upstream(exc, f"patching pod {namespace}/{name}") from exc
+
+    def node_allocatable(self, node: str, resource: str) -> int:
+        """How many of `resource` the node offers the scheduler (0 when none)."""
+        try:
+            found = self.core.read_node(node)
+        except ApiException as exc:
+            raise _upstream(exc, f"reading node {node}") from exc
+        value = ((found.status and found.status.allocatable) or {}).get(resource, "0")
+        try:
+            return int(value)
+        except ValueError:
+            return 0
 
     def delete_pod(self, namespace: str, name: str) -> None:
         try:
@@ -213,7 +248,7 @@ class KubeClient:
                 namespace=p.metadata.namespace,
                 name=p.metadata.name,
                 labels=p.metadata.labels or {},
-                node=p.spec.node_name or (p.spec.node_selector or {}).get("kubernetes.io/hostname"),
+                node=p.spec.node_name or _pinned_node(p.spec),
             )
             for p in pods.items
         ]
@@ -306,6 +341,52 @@ class KubeClient:
             client.VersionApi(self.api).get_code(_request_timeout=3)
         except Exception as exc:  # any failure means "not reachable"
             raise UpstreamError(f"the API server is unreachable: {exc}") from exc
+
+
+def _pinned_node(spec: client.V1PodSpec) -> str | None:
+    """The node a pending holder is pinned to: `metadata.name` in its required node
+    affinity, or the hostname label of holders made before that (older agents)."""
+    affinity = spec.affinity and spec.affinity.node_affinity
+    required = affinity and affinity.required_during_scheduling_ignored_during_execution
+    for term in (required and required.node_selector_terms) or []:
+        for field_ in term.match_fields or []:
+            if field_.key == "metadata.name" and field_.operator == "In" and field_.values:
+                return str(field_.values[0])
+    return (spec.node_selector or {}).get("kubernetes.io/hostname")
+
+
+def owner_reference(owner: PodInfo) -> dict[str, object]:
+    """A same-namespace, non-controller owner reference: the garbage collector deletes the
+    holder with its pod (a cross-namespace owner would read as absent: GPUMounter's bug)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": False,
+        "blockOwnerDeletion": False,
+    }
+
+
+def _quota_message(exc: ApiException) -> str | None:
+    """The API server's own words when a ResourceQuota refused the pod (403 `exceeded
+    quota: <name>, requested: ..., used: ..., limited: ...`), else None."""
+    if exc.status != 403:
+        return None
+    try:
+        message = str(json.loads(exc.body or "{}").get("message") or "")
+    except ValueError:
+        return None
+    return message if "exceeded quota" in message else None
+
+
+def api_error(exc: ApiException, what: str, namespace: str = "") -> Exception:
+    """The agent's error for the API server's answer to a create: a ResourceQuota's
+    refusal is the tenant's to read (QuotaExceeded), the rest as `_upstream`."""
+    quota = _quota_message(exc)
+    if quota:
+        return QuotaExceeded(quota, {"namespace": namespace})
+    return _upstream(exc, what)
 
 
 def _upstream(exc: ApiException, what: str) -> Exception:

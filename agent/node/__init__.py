@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 from agent.config import AgentSettings
 from agent.kube.client import KubeClient
+from agent.kube.dra import ResourceApi
 from agent.metrics import Metrics
+from agent.node.accounting import Accounting
+from agent.node.double_booking import DoubleBookings
 from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
 from agent.node.kubelet import KubeletBooks
@@ -20,6 +23,7 @@ from agent.node.listing import Listing
 from agent.node.locks import ContainerLocks
 from agent.node.mounting import Mounting
 from agent.node.moves import Moves
+from agent.node.pins import Pins
 from agent.node.reconcile import ReconcilePass
 from agent.node.targets import Targets
 from agent.podresources import PodResourcesClient
@@ -48,11 +52,16 @@ class Node:
     ) -> Node:
         locks = ContainerLocks()
         targets = Targets(settings, kube)
-        holders = HolderPods(settings, engine, kube, locks)
-        kubelet = KubeletBooks(settings, engine, kube, podresources)
+        resources = ResourceApi(kube.api) if kube is not None else None
+        holders = HolderPods(settings, engine, kube, locks, resources)
+        kubelet = KubeletBooks(settings, engine, kube, podresources, resources)
+        accounting = Accounting(settings, engine, kube, podresources, resources)
+        pins = Pins(settings, engine, kube, kubelet, holders, accounting, resources)
         idle_reclaim = IdleReclaim(settings, engine, kube, metrics, locks, holders)
-        mounting = Mounting(engine, kube, metrics, locks, targets, kubelet, holders, idle_reclaim)
-        listing = Listing(settings, engine, kube, targets, kubelet, idle_reclaim)
+        mounting = Mounting(
+            engine, kube, metrics, locks, targets, kubelet, holders, pins, idle_reclaim
+        )
+        listing = Listing(settings, engine, kube, targets, kubelet, accounting, idle_reclaim)
         metrics.watch_mounts(settings.node_name or "", listing.mount_samples)
         return cls(
             settings=settings,
@@ -62,5 +71,11 @@ class Node:
             mounting=mounting,
             moves=Moves(engine, kube, metrics, locks, targets, mounting),
             listing=listing,
-            reconciler=ReconcilePass(engine, metrics, holders, idle_reclaim),
+            reconciler=ReconcilePass(
+                engine,
+                metrics,
+                holders,
+                DoubleBookings(settings, engine, kube, metrics, locks, kubelet, holders),
+                idle_reclaim,
+            ),
         )

@@ -14,13 +14,15 @@ import secrets
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from agent.config import AgentSettings
 from agent.errors import ApiError, Timeout, Unschedulable
-from agent.kube.client import KubeClient, PodInfo
+from agent.kube.client import KubeClient, PodInfo, owner_reference
+from agent.kube.dra import ResourceApi
 from agent.node.locks import ContainerLocks
 from agent.node.results import require_kube
 from hotmount import engine as eng
@@ -29,17 +31,59 @@ from hotmount.errors import HotmountError
 log = logging.getLogger(__name__)
 
 HOLDER_PREFIX = "hotmount-holder-"
+PIN_PREFIX = "hotmount-pin-"
 HOLDER_LABEL = "hotmount.io/holder-for"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-hotmount")
 HOLDER_SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{HOLDER_LABEL}"
 
 
+# Guaranteed QoS (requests equal limits for cpu and memory): never the first pod the
+# kubelet evicts under node pressure. The pause container needs well under a MiB.
+HOLDER_CPU = "10m"
+HOLDER_MEMORY = "16Mi"
+ROLE_LABEL = "hotmount.io/role"
+DEVICE_ANNOTATION = "hotmount.io/device"
+
+
+class Role(StrEnum):
+    """A count holder stands for GPUs mounted by count; a pin for one GPU mounted by
+    name (a scout is a pin before it is known to hold the wanted GPU)."""
+
+    COUNT = "count"
+    PIN = "pin"
+
+
 def holder_manifest(
-    settings: AgentSettings, target: PodInfo, name: str, count: int
+    settings: AgentSettings,
+    target: PodInfo,
+    name: str,
+    count: int,
+    role: Role = Role.COUNT,
+    device: str | None = None,
 ) -> dict[str, object]:
+    """A pod that requests `count` GPUs on the target's node, in its namespace (so the
+    namespace's ResourceQuota charges it), as hard to evict or preempt as the target."""
     resource = settings.gpu_resource
+    amounts = {resource: str(count), "cpu": HOLDER_CPU, "memory": HOLDER_MEMORY}
     spec: dict[str, object] = {
-        "nodeSelector": {"kubernetes.io/hostname": target.node_name},
+        # metadata.name, not the hostname label: on many clouds the two differ.
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {
+                                    "key": "metadata.name",
+                                    "operator": "In",
+                                    "values": [target.node_name],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
         "tolerations": [{"operator": "Exists"}],
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 0,
@@ -50,38 +94,30 @@ def holder_manifest(
                 "name": "holder",
                 "image": settings.holder_image,
                 "imagePullPolicy": "IfNotPresent",
-                "resources": {
-                    "limits": {resource: str(count)},
-                    "requests": {resource: str(count)},
-                },
+                "resources": {"limits": dict(amounts), "requests": dict(amounts)},
                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}],
             }
         ],
     }
-    if settings.holder_priority_class:
-        spec["priorityClassName"] = settings.holder_priority_class
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": target.namespace,
-            "labels": {MANAGED_BY[0]: MANAGED_BY[1], HOLDER_LABEL: target.name},
-            # Same namespace, not a controller: a cross-namespace owner would be
-            # treated as absent and the holder garbage-collected (GPUMounter's bug).
-            "ownerReferences": [
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": target.name,
-                    "uid": target.uid,
-                    "controller": False,
-                    "blockOwnerDeletion": False,
-                }
-            ],
+    # The chart's class if it sets one, else the target's own: a pin of lower priority
+    # than its pod could be preempted by any GPU pod, and reconcile would then take the
+    # GPU back from the tenant.
+    priority_class = settings.holder_priority_class or target.priority_class_name
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    metadata: dict[str, object] = {
+        "name": name,
+        "namespace": target.namespace,
+        "labels": {
+            MANAGED_BY[0]: MANAGED_BY[1],
+            HOLDER_LABEL: target.name,
+            ROLE_LABEL: str(role),
         },
-        "spec": spec,
+        "ownerReferences": [owner_reference(target)],
     }
+    if device:
+        metadata["annotations"] = {DEVICE_ANNOTATION: device}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 @dataclass(frozen=True)
@@ -98,6 +134,7 @@ class HolderPods:
     engine: eng.Engine
     kube: KubeClient | None
     locks: ContainerLocks
+    resources: ResourceApi | None = None  # DRA: a pin's ResourceClaim goes with it
     # Holder pods of mounts in progress: reconcile never takes them for orphans.
     _in_flight: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
     _in_flight_guard: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -106,49 +143,110 @@ class HolderPods:
         default_factory=dict, init=False, repr=False
     )
 
+    _turns: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """One holder-making mount at a time on this node: a pin's scouts take every free
+        GPU for a moment, and a count holder made meanwhile would find none."""
+        with self._turns:
+            yield
+
+    @contextmanager
+    def in_flight(self, namespace: str, names: Iterable[str]) -> Iterator[None]:
+        """Reconcile takes none of these for orphans while the body runs. Leave only after
+        the ledger holds the mount (or the pods are deleted): reconcile reads the holders,
+        then this set, then the ledger, so it never sees a gap."""
+        keys = {(namespace, name) for name in names}
+        with self._in_flight_guard:
+            self._in_flight.update(keys)
+        try:
+            yield
+        finally:
+            with self._in_flight_guard:
+                self._in_flight.difference_update(keys)
+
+    def create(
+        self, target: PodInfo, count: int, role: Role = Role.COUNT, device: str | None = None
+    ) -> Holder:
+        """Create one holder pod (not waiting for it); the caller has it in flight."""
+        kube = require_kube(self.kube)
+        name = self.new_name(target, role)
+        manifest = holder_manifest(self.settings, target, name, count, role, device)
+        created = kube.create_pod(target.namespace, manifest)
+        return Holder(name, created.uid)
+
+    @staticmethod
+    def new_name(target: PodInfo, role: Role = Role.COUNT) -> str:
+        prefix = PIN_PREFIX if role is Role.PIN else HOLDER_PREFIX
+        return f"{prefix}{target.name[:40]}-{secrets.token_hex(3)}"
+
+    def delete(self, namespace: str, names: Iterable[str]) -> None:
+        """Delete holder pods without waiting; a failure is logged (reconcile collects them)."""
+        for name in names:
+            try:
+                self._delete_one(namespace, name)
+            except ApiError as exc:
+                log.warning("could not delete holder pod %s/%s: %s", namespace, name, exc.message)
+
+    def _delete_one(self, namespace: str, name: str) -> None:
+        """A holder pod, and a pin's ResourceClaim of the same name (DRA frees the GPU
+        once no pod reserves the claim; the claim must not outlive its pin)."""
+        require_kube(self.kube).delete_pod(namespace, name)
+        if self.resources is not None and name.startswith(PIN_PREFIX):
+            self.resources.delete_claim(namespace, name)
+
     @contextmanager
     def new(self, target: PodInfo, count: int) -> Iterator[Holder]:
         """A Running holder pod of `count` GPUs for `target`, for the body to mount its
         devices; deleted again if the body fails. Reconcile leaves it alone meanwhile."""
-        kube = require_kube(self.kube)
-        name = f"{HOLDER_PREFIX}{target.name[:40]}-{secrets.token_hex(3)}"
-        in_flight = (target.namespace, name)
-        with self._in_flight_guard:
-            self._in_flight.add(in_flight)
-        try:
+        name = self.new_name(target)
+        with self.turn(), self.in_flight(target.namespace, [name]):
+            kube = require_kube(self.kube)
             manifest = holder_manifest(self.settings, target, name, count)
             created = kube.create_pod(target.namespace, manifest)
             try:
-                self._wait_running(target.namespace, name)
+                self.wait_running(target.namespace, name)
                 yield Holder(name, created.uid)
             except BaseException:
-                try:
-                    kube.delete_pod(target.namespace, name)
-                except ApiError as exc:  # reconcile collects it; the caller sees the cause
-                    log.warning("could not delete holder pod %s: %s", name, exc.message)
+                self.delete(target.namespace, [name])
                 raise
-        finally:
-            # After the ledger holds the mount (or the holder is deleted): reconcile reads
-            # the holders, then this set, then the ledger, so it never sees a gap.
-            with self._in_flight_guard:
-                self._in_flight.discard(in_flight)
 
-    def _wait_running(self, namespace: str, name: str) -> None:
+    def wait_running(self, namespace: str, name: str) -> None:
+        failure = self.wait_all_running(namespace, [name])[name]
+        if failure is not None:
+            raise failure
+
+    def wait_all_running(self, namespace: str, names: list[str]) -> dict[str, ApiError | None]:
+        """Wait, together, until each holder pod runs or cannot: None for a Running one,
+        the reason for the others."""
         deadline = time.monotonic() + self.settings.holder_timeout
+        outcome: dict[str, ApiError | None] = {}
         while True:
-            pod = require_kube(self.kube).find_pod(namespace, name)
-            if pod is None:
-                raise Unschedulable(f"holder pod {namespace}/{name} disappeared")
-            if pod.phase == "Running":
-                return
-            if pod.unschedulable_message:
-                raise Unschedulable(f"no room for {name}: {pod.unschedulable_message}")
-            if pod.phase in ("Failed", "Succeeded"):
-                raise Unschedulable(f"holder pod {name} was rejected ({pod.phase})")
+            for name in [n for n in names if n not in outcome]:
+                pod = require_kube(self.kube).find_pod(namespace, name)
+                if pod is None:
+                    outcome[name] = Unschedulable(f"holder pod {namespace}/{name} disappeared")
+                elif pod.phase == "Running":
+                    outcome[name] = None
+                elif pod.unschedulable_message:
+                    outcome[name] = Unschedulable(
+                        f"no room for {name}: {pod.unschedulable_message}"
+                    )
+                elif pod.phase in ("Failed", "Succeeded"):
+                    outcome[name] = Unschedulable(f"holder pod {name} was rejected ({pod.phase})")
+            if len(outcome) == len(names):
+                return outcome
             if time.monotonic() > deadline:
-                raise Timeout(
-                    f"holder pod {name} was not Running after {self.settings.holder_timeout:g}s"
-                )
+                for name in names:
+                    outcome.setdefault(
+                        name,
+                        Timeout(
+                            f"holder pod {name} was not Running after "
+                            f"{self.settings.holder_timeout:g}s"
+                        ),
+                    )
+                return outcome
             time.sleep(0.2)
 
     def named_in(self, container_id: str) -> set[str]:
@@ -158,13 +256,26 @@ class HolderPods:
             return set()
         return {h for d in record.devices.values() if (h := d.metadata.get("holder"))}
 
-    def release(self, namespace: str, container_id: str, before: set[str]) -> list[str]:
-        """Delete the holder pods none of whose devices is still mounted; wait until gone."""
-        gone = sorted(before - self.named_in(container_id))
+    def named_anywhere(self) -> set[str]:
+        """Every holder pod a mount on this node names (a pin may serve several containers
+        of its pod)."""
+        return {
+            h
+            for record in self.engine.ledger.records()
+            for d in record.devices.values()
+            if (h := d.metadata.get("holder"))
+        }
+
+    def release(self, namespace: str, before: set[str], wait: bool = True) -> list[str]:
+        """Delete the holder pods none of whose devices is still mounted anywhere; `wait`
+        until they are gone, so that the kubelet has the GPUs free again on return."""
+        gone = sorted(before - self.named_anywhere())
         if self.kube is None or not gone:
             return []
         for pod in gone:
-            self.kube.delete_pod(namespace, pod)
+            self._delete_one(namespace, pod)
+        if not wait:
+            return gone
         deadline = time.monotonic() + self.settings.holder_timeout
         for pod in gone:
             while self.kube.find_pod(namespace, pod) is not None:
@@ -280,7 +391,7 @@ class HolderPods:
                 seen[key] = first
                 continue
             try:
-                self.kube.delete_pod(holder.namespace, holder.name)
+                self._delete_one(holder.namespace, holder.name)
             except ApiError as exc:
                 log.warning("cannot delete orphan holder %s/%s: %s", *key, exc.message)
                 seen[key] = first

@@ -137,7 +137,7 @@ class IdleReclaim:
                 released: list[str] = []
                 if namespace:
                     try:
-                        released = self.holders.release(namespace, ref, before)
+                        released = self.holders.release(namespace, before)
                     except ApiError as exc:
                         log.warning("reclaim: holder pod release: %s", exc.message)
         except DeviceBusy as exc:

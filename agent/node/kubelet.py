@@ -11,9 +11,11 @@ import logging
 from dataclasses import dataclass
 
 from agent.config import AgentSettings
-from agent.errors import AllocatedToPod, UpstreamError
+from agent.errors import AllocatedToPod, ApiError, UpstreamError
 from agent.kube.client import KubeClient, PodInfo
-from agent.node.holders import HOLDER_LABEL
+from agent.kube.dra import ResourceApi
+from agent.node.dra import slice_devices
+from agent.node.holders import HOLDER_LABEL, ROLE_LABEL, Role
 from agent.node.results import device_label, require_kube
 from agent.podresources import Allocation, PodResourcesClient, PodResourcesError
 from agent.schemas import DeviceHolder
@@ -62,6 +64,7 @@ class KubeletBooks:
     engine: eng.Engine
     kube: KubeClient | None
     podresources: PodResourcesClient | None
+    resources: ResourceApi | None = None  # DRA: ResourceSlices name the prepared devices
 
     def holds(self, strict: bool = False) -> list[KubeletHold]:
         """What the kubelet gave each pod, as physical devices: an ID of any form (UUID,
@@ -90,6 +93,38 @@ class KubeletBooks:
                 holds.append(
                     KubeletHold(allocation, device_id, self.engine.inventory.footprint(device))
                 )
+        return holds + self._claim_holds(strict)
+
+    def _claim_holds(self, strict: bool) -> list[KubeletHold]:
+        """DRA: the devices the kubelet prepared for pods' ResourceClaims, by the slice
+        device (driver, pool, device) that names them, mapped to the GPU by UUID (NVIDIA's
+        CDI names are per claim, so they name no GPU; a kubelet before 1.31 gives only
+        those, and `holds` tries them as they are)."""
+        if self.podresources is None or self.resources is None:
+            return []
+        try:
+            prepared = self.podresources.list_claim_allocations()
+            if not prepared:
+                return []
+            node = self.settings.node_name or ""
+            uuids = {
+                (d.driver, d.pool, d.device): d.uuid
+                for d in slice_devices(self.resources.node_slices(node), node)
+                if d.uuid
+            }
+        except (PodResourcesError, ApiError) as exc:
+            if strict:
+                raise UpstreamError(f"DRA allocations cannot be checked: {exc}") from exc
+            log.warning("DRA allocations unavailable: %s", exc)
+            return []
+        holds = []
+        for namespace, pod, container, claim in prepared:
+            uuid = uuids.get((claim.driver, claim.pool, claim.device))
+            device = self.engine.inventory.kubelet_device(uuid) if uuid else None
+            if device is None:
+                continue  # its CDI names came with list_allocations, tried there
+            allocation = Allocation(namespace, pod, container, claim.driver, (uuid,))
+            holds.append(KubeletHold(allocation, uuid, self.engine.inventory.footprint(device)))
         return holds
 
     def refuse_allocated(
@@ -116,6 +151,8 @@ class KubeletBooks:
                     and other.namespace == target.namespace
                 ):
                     continue  # our own holder for this very pod
+                if other.labels.get(ROLE_LABEL) == Role.PIN:
+                    continue  # it stands for a hot-mount, whose claim decides, by name
                 raise AllocatedToPod(
                     f"device {device_label(device)} is the same physical device the kubelet "
                     f"allocated to running pod {owner[0]}/{owner[1]} (as {blocker.device}); "
@@ -129,25 +166,48 @@ class KubeletBooks:
 
     def holder_devices(self, namespace: str, name: str) -> list[str]:
         """The devices (inventory keys) the kubelet gave holder pod `name`."""
-        if self.podresources is None:
-            raise UpstreamError("mounting by count needs the kubelet's PodResources socket")
+        return self.given_to(namespace, [name])[name]
+
+    def given_to(self, namespace: str, names: list[str]) -> dict[str, list[str]]:
+        """The devices (inventory keys) the kubelet gave each of these holder pods."""
+        allocations = self._allocations("mounting by count or pinning a GPU")
+        given: dict[str, list[str]] = {name: [] for name in names}
+        for a in allocations:
+            if a.pod_namespace != namespace or a.pod_name not in given:
+                continue
+            if a.resource_name != self.settings.gpu_resource:
+                continue
+            for device_id in a.device_ids:
+                device = self.engine.inventory.kubelet_device(device_id)
+                if device is None:
+                    raise UpstreamError(
+                        f"the kubelet gave {a.pod_name} device {device_id}, "
+                        "which is not in this node's inventory"
+                    )
+                given[a.pod_name].append(device.key)
+        return {name: list(dict.fromkeys(keys)) for name, keys in given.items()}
+
+    def free_count(self) -> int:
+        """How many `gpu_resource` devices the kubelet has not given to any pod: what it
+        offers (GetAllocatableResources, or the node's allocatable on a 1.20 kubelet)
+        less what PodResources lists as given."""
+        resource = self.settings.gpu_resource
+        allocations = self._allocations("pinning a GPU")
+        used = {d for a in allocations if a.resource_name == resource for d in a.device_ids}
+        assert self.podresources is not None
         try:
-            allocations = self.podresources.list_allocations()
+            offered = self.podresources.allocatable(resource)
         except PodResourcesError as exc:
             raise UpstreamError(f"PodResources: {exc}") from exc
-        keys = []
-        for a in allocations:
-            if (a.pod_namespace, a.pod_name, a.resource_name) == (
-                namespace,
-                name,
-                self.settings.gpu_resource,
-            ):
-                for device_id in a.device_ids:
-                    device = self.engine.inventory.kubelet_device(device_id)
-                    if device is None:
-                        raise UpstreamError(
-                            f"the kubelet gave {name} device {device_id}, "
-                            "which is not in this node's inventory"
-                        )
-                    keys.append(device.key)
-        return list(dict.fromkeys(keys))
+        if offered is not None:
+            return len(set(offered) - used)
+        node = self.settings.node_name or ""
+        return max(require_kube(self.kube).node_allocatable(node, resource) - len(used), 0)
+
+    def _allocations(self, needed_for: str) -> list[Allocation]:
+        if self.podresources is None:
+            raise UpstreamError(f"{needed_for} needs the kubelet's PodResources socket")
+        try:
+            return self.podresources.list_allocations()
+        except PodResourcesError as exc:
+            raise UpstreamError(f"PodResources: {exc}") from exc

@@ -11,8 +11,10 @@ from agent.config import AgentSettings
 from agent.errors import PodNotFound
 from agent.kube.client import KubeClient
 from agent.metrics import MountSample
+from agent.node.accounting import Accounting
 from agent.node.idle_reclaim import IdleReclaim
 from agent.node.kubelet import KubeletBooks, KubeletHold
+from agent.node.pins import pin_of
 from agent.node.results import hot_holder, pod_of, require_kube
 from agent.node.targets import Targets
 from agent.schemas import (
@@ -25,7 +27,11 @@ from agent.schemas import (
 )
 from hotmount import engine as eng
 from hotmount.claims import Claim
+from hotmount.devices.model import DeviceKind
 from hotmount.ledger import DeviceRecord
+
+# The kinds a scheduler's books can hold (an RDMA NIC is outside "Accounting" for now).
+BOOKED_KINDS = (DeviceKind.GPU, DeviceKind.MIG, DeviceKind.CDI)
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class Listing:
     kube: KubeClient | None
     targets: Targets
     kubelet: KubeletBooks
+    accounting: Accounting
     idle_reclaim: IdleReclaim
 
     @property
@@ -42,20 +49,54 @@ class Listing:
         return self.settings.node_name
 
     def devices(self) -> DeviceList:
-        """One entry per physical device, with everyone who holds it under any name."""
+        """One entry per physical device, with everyone who holds it under any name, and
+        whose books it is in. A pin shows on the hot-mount it keeps, not again as the
+        kubelet's holder."""
         hot = self.engine.holders()
         kubelet = self.kubelet.holds()
+        pins = self._pins()
+        books = self.accounting.books(strict=False)
         inventory = self.engine.inventory
         near = {nic: [g.key for g in gpus] for nic, gpus in inventory.nearest_gpus().items()}
         nearest_rdma = {gpu: nic for nic, gpus in near.items() for gpu in gpus}
         infos = []
         for device in inventory.devices:
             mine = inventory.footprint(device)
-            holders = [hot_holder(c) for c in hot.get(device.key, [])]
-            holders += [h.holder() for h in kubelet if h.footprint.overlaps(mine)]
+            holders = [
+                hot_holder(c, pins.get((c.owner, c.device))) for c in hot.get(device.key, [])
+            ]
+            shown = {(h.namespace, h.pin) for h in holders if h.pin}
+            holders += [
+                h.holder()
+                for h in kubelet
+                if h.footprint.overlaps(mine)
+                and (h.allocation.pod_namespace, h.allocation.pod_name) not in shown
+            ]
             nic = nearest_rdma.get(device.key) or nearest_rdma.get(device.parent or "")
-            infos.append(DeviceInfo.of(device, holders, near.get(device.key), nic))
+            management = (
+                str(self.accounting.case(device, books)) if device.kind in BOOKED_KINDS else None
+            )
+            infos.append(DeviceInfo.of(device, holders, near.get(device.key), nic, management))
         return DeviceList(node=self.settings.node_name, devices=infos)
+
+    def _pin_pods(self) -> set[tuple[str, str]]:
+        """(namespace, name) of every pin a mount names: shown on its hot-mount, and not
+        again as a holder of the kubelet's."""
+        return {
+            (entry.metadata.get("namespace", ""), pin)
+            for record in self.engine.ledger.records()
+            for entry in record.devices.values()
+            if (pin := pin_of(entry.metadata))
+        }
+
+    def _pins(self) -> dict[tuple[str, str], str]:
+        """(container key, device key) to the pin its ledger entry names."""
+        return {
+            (record.key, entry.key): pin
+            for record in self.engine.ledger.records()
+            for entry in record.devices.values()
+            if (pin := pin_of(entry.metadata))
+        }
 
     def pod_devices_here(self, namespace: str, pod: str) -> PodDevices:
         """A pod's mounts, once the pod is known to live on this node (NotOnThisNode
@@ -134,7 +175,13 @@ class Listing:
             mine = self.engine.inventory.footprint(device)
             claims_now = (hot or {}).get(device.key, [])
             others += [hot_holder(c) for c in claims_now if c.owner != owner]
-            others += [h.holder() for h in kubelet or [] if h.footprint.overlaps(mine)]
+            pins = self._pin_pods()
+            others += [
+                h.holder()
+                for h in kubelet or []
+                if h.footprint.overlaps(mine)
+                and (h.allocation.pod_namespace, h.allocation.pod_name) not in pins
+            ]
         timeout = idle.timeout_of(entry.metadata)
         idle_for = self.idle_reclaim.idle_for(owner, entry, time.monotonic())
         return MountedDevice(
@@ -147,6 +194,7 @@ class Listing:
             other_holders=others,
             idle_timeout=idle.format_duration(timeout) if timeout is not None else None,
             idle_seconds=int(idle_for) if idle_for is not None else None,
+            pin=pin_of(entry.metadata),
         )
 
     def mount_samples(self) -> list[MountSample]:

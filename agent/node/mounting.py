@@ -19,6 +19,7 @@ from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
 from agent.node.kubelet import KubeletBooks
 from agent.node.locks import ContainerLocks
+from agent.node.pins import Pins, pin_metadata
 from agent.node.results import (
     label,
     measure,
@@ -46,6 +47,7 @@ class Mounting:
     targets: Targets
     kubelet: KubeletBooks
     holders: HolderPods
+    pins: Pins
     idle_reclaim: IdleReclaim
 
     def mount_pod(self, namespace: str, pod: str, request: MountRequest, user: str) -> MountResult:
@@ -76,17 +78,22 @@ class Mounting:
                     checked = [*devices, *(nic for nic, _ in riders.values())]
                     self.kubelet.refuse_allocated(checked, info, share)
                 keys = [d.key for d in devices]
-                done = self._mount_each(
-                    info,
-                    containers,
-                    keys,
-                    request.force,
-                    user,
-                    group,
-                    share,
-                    extra,
-                    rdma=rdma,
-                )
+                with self.pins.pinned(info, devices, share, request.force) as pins:
+                    done = self._mount_each(
+                        info,
+                        containers,
+                        keys,
+                        request.force,
+                        user,
+                        group,
+                        share,
+                        extra,
+                        rdma=rdma,
+                        device_metadata={k: pin_metadata(h) for k, h in pins.items()},
+                    )
+                for _, each in done:
+                    for d in each.mounted + each.already_mounted:
+                        d.pin = pins[d.key].name if d.key in pins else None
             timeout = idle.timeout_of(extra)
             for container, each in done:
                 for d in each.mounted:
@@ -144,6 +151,7 @@ class Mounting:
         share: str | None,
         extra: dict[str, str] | None = None,
         rdma: dict[str, Any] | None = None,
+        device_metadata: dict[str, dict[str, str]] | None = None,
     ) -> list[tuple[ContainerInfo, MountResult]]:
         """The same devices into each container, or into none: a failure rolls back the
         containers this call already mounted."""
@@ -159,6 +167,7 @@ class Mounting:
                         metadata={**meta(info, container, user), **(extra or {})},
                         group=group,
                         share_with=share,
+                        device_metadata=device_metadata,
                         **(rdma or {}),
                     )
                 done.append((container, result))
@@ -188,14 +197,16 @@ class Mounting:
         container: str | None,
         force: bool,
         user: str,
+        keep_holders: bool = False,
     ) -> UnmountResult:
+        """`keep_holders`: a move hands the pin over instead of deleting it."""
         with measure(self.metrics, "unmount"):
             info, chosen = self.targets.container(namespace, pod, container)
             assert chosen.container_id is not None
             with self.locks.hold(chosen.container_id):
                 holders = self.holders.named_in(chosen.container_id)
                 result = self.engine.unmount(chosen.container_id, devices, force=force)
-                released = self.holders.release(namespace, chosen.container_id, holders)
+                released = [] if keep_holders else self.holders.release(namespace, holders)
             out = UnmountResult(
                 namespace=namespace,
                 pod=pod,

@@ -7,11 +7,13 @@ import logging
 from dataclasses import dataclass
 
 from agent.errors import ApiError
-from agent.kube.client import KubeClient
+from agent.kube.client import KubeClient, PodInfo
 from agent.metrics import Metrics
+from agent.node.holders import HOLDER_LABEL
 from agent.node.locks import ContainerLocks
 from agent.node.mounting import Mounting
-from agent.node.results import device_label, measure, record_event
+from agent.node.pins import pin_of
+from agent.node.results import device_label, measure, record_event, require_kube
 from agent.node.targets import Targets
 from agent.schemas import MountRequest, ReassignRequest, ReassignResult
 from hotmount import engine as eng
@@ -30,6 +32,13 @@ class MountedByCount(ApiError):
     """A count-mounted GPU is accounted for by a holder pod that cannot follow it."""
 
     code, reason = 409, "MountedByCount"
+
+
+class PinnedInNamespace(ApiError):
+    """A pin charges its namespace's quota and is owned by a pod of that namespace: it
+    can follow its GPU to another pod there, not into another namespace."""
+
+    code, reason = 409, "PinnedInNamespace"
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class Moves:
                 )
             source_entry = record.devices[device.key]
             source_meta = dict(source_entry.metadata)
-            if source_meta.get("holder"):
+            if source_meta.get("holder") and not pin_of(source_meta):
                 raise MountedByCount(
                     f"device {device_label(device)} was mounted into "
                     f"{request.from_.namespace}/{request.from_.pod} by count: the kubelet "
@@ -69,6 +78,23 @@ class Moves:
                     f"{request.to.namespace}/{request.to.pod}",
                     {"holderPod": source_meta["holder"]},
                 )
+            pin = pin_of(source_meta)
+            if pin and source_pod.namespace != target_pod.namespace:
+                raise PinnedInNamespace(
+                    f"device {device_label(device)} is pinned in the scheduler's books by pod "
+                    f"{source_pod.namespace}/{pin}, which {source_pod.namespace}'s quota pays "
+                    f"for; a pin cannot move to namespace {target_pod.namespace}. Unmount it "
+                    f"there, then mount it into {target_pod.namespace}/{target_pod.name}",
+                    {"pin": pin},
+                )
+            shared_pin = pin is not None and self._pin_serves_others(pin, source.container_id)
+            if shared_pin:
+                raise PinnedInNamespace(
+                    f"device {device_label(device)} is also mounted in another container of "
+                    f"{source_pod.namespace}/{source_pod.name}, whose pin {pin} must stay; "
+                    "unmount it from the others first",
+                    {"pin": pin},
+                )
             unmounted = self.mounting.unmount_pod(
                 request.from_.namespace,
                 request.from_.pod,
@@ -76,8 +102,11 @@ class Moves:
                 container=source.name,
                 force=request.force,
                 user=user,
+                keep_holders=pin is not None,
             )
             try:
+                if pin is not None:  # the pin follows: the GPU never looks free to the kubelet
+                    self._hand_over(pin, source_meta.get("holderUid", ""), source_pod, target_pod)
                 mounted = self.mounting.mount_pod(
                     request.to.namespace,
                     request.to.pod,
@@ -85,6 +114,8 @@ class Moves:
                     user,
                 )
             except Exception as exc:
+                if pin is not None:
+                    self._hand_back(pin, source_pod)
                 self._roll_back(source.container_id, device, source_entry, request.force, exc)
                 raise
             for pod in (source_pod, target_pod):
@@ -103,6 +134,32 @@ class Moves:
                 unmounted=unmounted,
                 mounted=mounted,
             )
+
+    def _pin_serves_others(self, pin: str, container_id: str) -> bool:
+        return any(
+            d.metadata.get("holder") == pin
+            for record in self.engine.ledger.records()
+            if container_id not in (record.key, record.container_id)
+            for d in record.devices.values()
+        )
+
+    def _hand_over(self, pin: str, uid: str, source: PodInfo, target: PodInfo) -> None:
+        """The pin stands for the target pod from now on (labels and owner, one patch)."""
+        kube = require_kube(self.kube)
+        found = kube.find_pod(source.namespace, pin)
+        if found is None or (uid and found.uid != uid):
+            raise NotMounted(f"the pin {source.namespace}/{pin} of this GPU is gone")
+        kube.hand_over(source.namespace, pin, {**found.labels, HOLDER_LABEL: target.name}, target)
+
+    def _hand_back(self, pin: str, source: PodInfo) -> None:
+        kube = require_kube(self.kube)
+        try:
+            found = kube.find_pod(source.namespace, pin)
+            if found is not None:
+                labels = {**found.labels, HOLDER_LABEL: source.name}
+                kube.hand_over(source.namespace, pin, labels, source)
+        except ApiError as exc:
+            log.error("could not give pin %s back to %s: %s", pin, source.name, exc.message)
 
     def _roll_back(
         self,

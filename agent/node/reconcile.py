@@ -1,15 +1,21 @@
 """The periodic pass: the engine's reconcile (drift repairs), its metrics, then the
-node's own repairs: orphan holder pods, mounts whose holder is gone, idle GPUs."""
+node's own repairs: holder pods of containers that died, orphan holder pods, mounts
+whose holder is gone, double-booked GPUs, idle GPUs."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
+from agent.errors import ApiError
 from agent.metrics import Metrics
+from agent.node.double_booking import DoubleBookings
 from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
 from hotmount import engine as eng
 from hotmount.results import ReconcileReport
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -17,10 +23,13 @@ class ReconcilePass:
     engine: eng.Engine
     metrics: Metrics
     holders: HolderPods
+    double_bookings: DoubleBookings
     idle_reclaim: IdleReclaim
 
     def reconcile(self) -> ReconcileReport:
+        before = self._named_holders()
         report = self.engine.reconcile()
+        self._release_swept(before)
         repairs = {
             "grant": report.regranted,
             "wrapper": report.rewrapped,
@@ -35,6 +44,30 @@ class ReconcilePass:
         deleted = self.holders.collect_orphan_holders()
         if deleted:
             self.metrics.orphan_holders.inc(len(deleted))
+        # Before the holders: a mount whose pin is gone and whose GPU the kubelet gave
+        # another pod is a double booking, and says so, before it is taken back as unheld.
+        self.double_bookings.check()
         self.holders.take_back_unheld()
         self.idle_reclaim.reclaim_idle()
         return report
+
+    def _named_holders(self) -> dict[str, set[str]]:
+        """Each namespace's holder and pin pods that a mount names."""
+        named: dict[str, set[str]] = {}
+        for record in self.engine.ledger.records():
+            for d in record.devices.values():
+                namespace, holder = d.metadata.get("namespace"), d.metadata.get("holder")
+                if namespace and holder:
+                    named.setdefault(namespace, set()).add(holder)
+        return named
+
+    def _release_swept(self, before: dict[str, set[str]]) -> None:
+        """Delete at once the holders and pins of containers this reconcile found dead:
+        the kubelet then frees their GPUs now, not after the orphan grace."""
+        for namespace, holders in before.items():
+            try:
+                released = self.holders.release(namespace, holders, wait=False)
+                if released:
+                    self.metrics.orphan_holders.inc(len(released))
+            except ApiError as exc:
+                log.warning("cannot release holder pods in %s: %s", namespace, exc.message)

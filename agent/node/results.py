@@ -69,7 +69,7 @@ def mount_result(
     )
 
 
-def hot_holder(claim: Claim) -> DeviceHolder:
+def hot_holder(claim: Claim, pin: str | None = None) -> DeviceHolder:
     return DeviceHolder(
         source="hotmount",
         namespace=claim.holder.get("namespace"),
@@ -78,6 +78,7 @@ def hot_holder(claim: Claim) -> DeviceHolder:
         container_id=claim.owner,
         device=claim.device,
         shared_with=pod_of(claim.shared_with),
+        pin=pin,
     )
 
 

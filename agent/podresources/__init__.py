@@ -3,8 +3,15 @@
 from agent.podresources.client import (
     DEFAULT_SOCKET,
     Allocation,
+    ClaimAllocation,
     PodResourcesClient,
     PodResourcesError,
 )
 
-__all__ = ["DEFAULT_SOCKET", "Allocation", "PodResourcesClient", "PodResourcesError"]
+__all__ = [
+    "DEFAULT_SOCKET",
+    "Allocation",
+    "ClaimAllocation",
+    "PodResourcesClient",
+    "PodResourcesError",
+]

@@ -44,6 +44,23 @@ class Allocation:
     device_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ClaimAllocation:
+    """One DRA device the kubelet prepared for a container, named as the scheduler's books
+    name it (driver, pool, device in a ResourceSlice) so it can be matched to a GPU UUID.
+
+    ``namespace`` and ``claim`` are the ResourceClaim's. A kubelet older than 1.31 reports
+    only ``cdi_devices``; ``driver``, ``pool`` and ``device`` are then empty.
+    """
+
+    namespace: str
+    claim: str
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: tuple[str, ...]
+
+
 def _target(socket_path: str) -> str:
     """gRPC target for a unix socket; absolute paths need the ``unix://`` form."""
     if os.path.isabs(socket_path):
@@ -118,6 +135,28 @@ class PodResourcesClient:
                             )
                         )
         return allocations
+
+    def list_claim_allocations(self) -> list[tuple[str, str, str, ClaimAllocation]]:
+        """(pod namespace, pod name, container, device) for every DRA device on this node."""
+        try:
+            response = self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise self._error("List", err) from err
+        found: list[tuple[str, str, str, ClaimAllocation]] = []
+        for pod in response.pod_resources:
+            for container in pod.containers:
+                for dynamic in container.dynamic_resources:
+                    for resource in dynamic.claim_resources:
+                        allocation = ClaimAllocation(
+                            namespace=dynamic.claim_namespace,
+                            claim=dynamic.claim_name,
+                            driver=resource.driver_name,
+                            pool=resource.pool_name,
+                            device=resource.device_name,
+                            cdi_devices=tuple(d.name for d in resource.cdi_devices),
+                        )
+                        found.append((pod.namespace, pod.name, container.name, allocation))
+        return found
 
     def allocatable(self, resource_name: str) -> list[str] | None:
         """Device IDs the kubelet may hand out for ``resource_name``; None if it cannot say.

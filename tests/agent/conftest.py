@@ -80,8 +80,12 @@ class Cluster:
         ).start()
         self.kube.add_token(AGENT_TOKEN, AGENT_USER, ["system:serviceaccounts"])
         self.kube.allow_auth_delegation(AGENT_USER)
-        for resource in ("pods", "events", "configmaps"):
+        for resource in ("pods", "events", "configmaps", "nodes"):
             self.kube.allow(AccessRule(user=AGENT_USER, resource=resource))
+        for resource in ("resourceslices", "resourceclaims"):
+            self.kube.allow(
+                AccessRule(user=AGENT_USER, api_group="resource.k8s.io", resource=resource)
+            )
         self.kube.add_token(ALICE, "alice", ["ml"])
         self.kube.add_token(BOB, "bob", [])
         self.kube.allow(

@@ -28,7 +28,18 @@ def test_mount_by_count_keeps_the_schedulers_books(cluster: Cluster) -> None:
         holder = cluster.kube.pod("default", body["holderPod"])
         assert holder is not None and holder["status"]["phase"] == "Running"
         # Pinned to the node, in the target's namespace, owned (not controlled) by it.
-        assert holder["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "node-a"}
+        # By the node's own name (metadata.name), not the hostname label, which may differ.
+        [term] = holder["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert term == {
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]
+        }
+        assert "nodeSelector" not in holder["spec"]
+        # Guaranteed QoS: cpu and memory requested exactly as limited.
+        resources = holder["spec"]["containers"][0]["resources"]
+        assert resources["requests"] == resources["limits"]
+        assert {"cpu", "memory", "nvidia.com/gpu"} <= set(resources["limits"])
         [owner] = holder["metadata"]["ownerReferences"]
         assert (owner["name"], owner["controller"]) == ("nb", False)
         assert owner["uid"] == cluster.kube.pod("default", "nb")["metadata"]["uid"]

@@ -84,12 +84,14 @@ def test_an_agent_started_before_the_kubelet_socket_still_checks_the_kubelet(
     assert f"nvidia{GPU0.minor}" not in nb.ls_dev()
 
 
-def test_a_failed_move_never_forces_its_way_back_over_a_new_holder(cluster: Cluster) -> None:
-    """A move takes GPU 0 out of `src`; before it lands in `dst`, another tenant mounts the
-    now free GPU. The move fails (409); its roll-back must not force GPU 0 back into `src`
-    on top of the new holder: the caller has no `force`, and asked for none."""
+def test_a_move_keeps_the_gpu_pinned_so_another_tenant_cannot_take_it_midway(
+    cluster: Cluster,
+) -> None:
+    """A move takes GPU 0 out of `src`; before it lands in `dst`, another tenant tries to
+    mount it. The pin never lets go during the move (it is handed over, not deleted and
+    made anew), so the other tenant is refused, and the move lands."""
     src = cluster.pod("src")
-    cluster.pod("dst")
+    dst = cluster.pod("dst")
     other = cluster.pod("other", namespace="team-b")
     agent = cluster.agent(extra=["--kube-timeout", "600"])
     with agent.client(DANA) as dana:
@@ -104,26 +106,26 @@ def test_a_failed_move_never_forces_its_way_back_over_a_new_holder(cluster: Clus
 
     move = {"device": "0", "from": {"namespace": "default", "pod": "src"}}
     move["to"] = {"namespace": "default", "pod": "dst"}
-    threads = [threading.Thread(target=call, args=("move", DANA, "/v1/reassign", move))]
-    threads[0].start()
-    assert stall.wait_arrived(1)  # GPU 0 has left src and is free
-    take = "/v1/namespaces/team-b/pods/other/devices"
-    threads.append(threading.Thread(target=call, args=("take", OLGA, take, {"devices": ["0"]})))
-    threads[1].start()
-    assert stall.wait_arrived(2)  # the other tenant's mount is done (its event is next)
-    stall.release()
-    for thread in threads:
-        thread.join()
+    mover = threading.Thread(target=call, args=("move", DANA, "/v1/reassign", move))
+    mover.start()
+    try:
+        assert stall.wait_arrived(1)  # GPU 0 has left src, and is not in dst yet
+        call("take", OLGA, "/v1/namespaces/team-b/pods/other/devices", {"devices": ["0"]})
+    finally:
+        stall.release()
+        mover.join()
 
-    assert answers["take"].status_code == 200, answers["take"].text
-    failed = answers["move"]
-    assert failed.status_code == 409, failed.text
-    assert "went back" not in failed.json()["message"], failed.text
-    assert f"nvidia{GPU0.minor}" in other.ls_dev()
+    taken = answers["take"]
+    assert taken.status_code == 409, taken.text
+    assert "cannot be pinned" in taken.json()["message"], taken.text
+    assert answers["move"].status_code == 200, answers["move"].text
+    assert f"nvidia{GPU0.minor}" not in other.ls_dev()
     assert f"nvidia{GPU0.minor}" not in src.ls_dev()
+    assert f"nvidia{GPU0.minor}" in dst.ls_dev()
     with agent.client(OLGA) as olga:
         holders = devices_of(olga)[GPU0.uuid]["holders"]
-    assert [(h["namespace"], h["pod"]) for h in holders] == [("team-b", "other")]
+    assert [(h["namespace"], h["pod"]) for h in holders] == [("default", "dst")]
+    assert holders[0]["pin"].startswith("hotmount-pin-src-")  # the same pin, handed over
 
 
 def devices_of(api: Any) -> dict[str, dict[str, Any]]:

@@ -102,6 +102,7 @@ def test_device_the_kubelet_gave_another_running_pod_is_409(cluster: Cluster) ->
             "containerId": None,
             "device": GPU0.uuid,
             "sharedWith": None,
+            "pin": None,
         }
         forced = api.post(
             "/v1/namespaces/default/pods/nb/devices", json={"devices": ["0"], "force": True}

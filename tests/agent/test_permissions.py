@@ -219,13 +219,19 @@ def test_a_namespaced_user_moves_a_gpu_within_their_namespace(cluster: Cluster) 
     assert "allow user=dana via=front-proxy verb=create pod=default/b" in audit
 
     # across namespaces: the cluster-scoped path, for a ClusterRoleBinding holder
+    # (authorized by both: the agent then refuses to carry the pin into another namespace,
+    # whose quota it would not charge; docs/api.md, "Accounting")
     cluster.pod("c", namespace="team-b")
     with cluster.api(OLGA) as olga:
         across = olga.post(
             f"{V1ALPHA1}/reassignments",
             json=reassignment("b", "c", **{"from": "default", "to": "team-b"}),
         )
-        assert across.status_code == 201, across.text
+        assert across.status_code == 409, across.text
+        assert across.json()["reason"] == "PinnedInNamespace", across.text
+    audit = backend.agent.log.read_text()
+    assert "allow user=olga via=front-proxy verb=create pod=team-b/c" in audit
+    assert b.open_result(NVIDIA3) == "ENXIO"  # still b's
 
 
 def test_the_agent_asks_about_nodedevices_when_listing_them(cluster: Cluster) -> None:

@@ -64,8 +64,8 @@ def test_json_and_yaml_are_the_wire_documents(kind: str) -> None:
 
 def test_tables() -> None:
     mount = render(RESULTS["mount"], "table").splitlines()
-    assert mount[0].split() == ["INDEX", "DEVICE", "STATE", "PATHS"]
-    assert mount[1].split() == ["0", UUID0, "mounted", "/dev/nvidia0,/dev/nvidiactl"]
+    assert mount[0].split() == ["INDEX", "DEVICE", "STATE", "PATHS", "PIN"]
+    assert mount[1].split() == ["0", UUID0, "mounted", "/dev/nvidia0,/dev/nvidiactl", "-"]
     assert "into ml/nb-0 container main" in mount
     assert "accounted by holder pod ml/nb-0-gpu-holder-x" in mount
 
@@ -75,7 +75,8 @@ def test_tables() -> None:
 
     status = render(RESULTS["status"], "table").splitlines()
     assert status[0].split() == [
-        "POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS", "SHARED", "WITH", "IDLE/TIMEOUT"
+        "POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS", "SHARED", "WITH", "PIN",
+        "IDLE/TIMEOUT",
     ]  # fmt: skip
     assert status[1].split()[:3] == ["ml/nb-0", "main", "1"]
     assert status[1].split()[-1] == "-/never"
@@ -83,7 +84,7 @@ def test_tables() -> None:
 
     listing = render(RESULTS["list"], "table").splitlines()
     assert listing[0].split() == [
-        "NODE", "INDEX", "DEVICE", "KIND", "UUID", "ALIASES", "NEAREST", "HELD", "BY"
+        "NODE", "INDEX", "DEVICE", "KIND", "UUID", "ALIASES", "NEAREST", "BOOKS", "HELD", "BY"
     ]  # fmt: skip
     assert listing[1].endswith("<free>")
     assert listing[2].endswith("ml/nb-0 (main) [hotmount]")

@@ -85,4 +85,4 @@ def test_a_namespaced_tenant_and_an_operator(nvcli: Nvcli, real: Cluster, tmp_pa
     assert a.open_result(NVIDIA3) == "ENXIO" and b.open_result(NVIDIA3) == "ENOENT"
     listed = nvcli("list", *olga)
     assert listed.rc == 0, listed.err
-    assert "default/a (main) [hotmount]" in listed.out
+    assert "default/a (main) [hotmount, pin hotmount-pin-a-" in listed.out

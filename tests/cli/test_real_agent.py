@@ -46,7 +46,7 @@ def test_every_command_against_the_agent(nvcli: Nvcli, real: Cluster) -> None:
 
     listing = nvcli("list", *flags(agent))
     assert listing.rc == 0, listing.err
-    assert "default/nb-a (main) [hotmount]" in listing.out
+    assert "default/nb-a (main) [hotmount, pin hotmount-pin-nb-a-" in listing.out
 
     moved = nvcli("move", "--gpu", "0", "--from", "nb-a", "--to", "nb-b", *flags(agent))
     assert moved.rc == 0, moved.err

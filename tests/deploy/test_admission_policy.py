@@ -19,6 +19,8 @@ import pytest
 
 from agent.config import load_settings
 from agent.kube.client import PodInfo
+from agent.node.dra import with_claim
+from agent.node.holders import Role
 from agent.node.holders import holder_manifest as agent_holder_manifest
 from tests.deploy.admission import admission_request, denials, unknown_fields
 from tests.deploy.support import (
@@ -146,6 +148,29 @@ def test_the_holder_pod_is_admitted_as_sent_too():
 def test_with_a_priority_class_too():
     argv = ["--holder-priority-class", "holders", "--holder-image", "registry.k8s.io/pause:3.9"]
     assert create(as_admitted(holder_manifest(argv))) == []
+
+
+def test_the_pin_of_a_named_mount_is_admitted_and_so_is_its_dra_form():
+    """A pin is a holder of role pin (docs/api.md, Accounting); under DRA it references
+    its ResourceClaim instead of requesting the extended resource."""
+    settings = load_settings(agent_argv(find(load_file(KUBE / "05-daemonset.yaml"), "DaemonSet")))
+    pin = agent_holder_manifest(settings, TARGET, "hotmount-pin-notebook-abc123", 1, Role.PIN)
+    assert create(as_admitted(pin)) == []
+    claimed = with_claim(pin, "hotmount-pin-notebook-abc123")
+    assert create(as_admitted(claimed)) == []
+
+
+def test_a_move_hands_a_pin_over_but_never_to_a_pod_its_label_does_not_name():
+    """The hand-over is one merge patch of the holder-for label and the owner reference;
+    the policy admits it only while both name the same pod."""
+    old = as_admitted(holder_manifest())
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"]["hotmount.io/holder-for"] = "other-notebook"
+    [owner] = new["metadata"]["ownerReferences"]
+    owner.update(name="other-notebook", uid=str(uuid.uuid4()))
+    assert denials(POLICY, admission_request("UPDATE", AGENT, new, old)) == []
+    owner["name"] = "someone-else"
+    assert denials(POLICY, admission_request("UPDATE", AGENT, new, old)) != []
 
 
 def test_the_agent_may_delete_a_holder():

@@ -13,6 +13,11 @@ What it serves, and why each piece exists (see DESIGN.md, "Kubernetes" and
 - a scheduler and kubelet stand-in for holder pods: extended-resource requests
   get device IDs from a per-node pool, recorded in an attached fake PodResources
   server, and are freed on deletion;
+- resource.k8s.io/v1 (DRA) resourceclaims (get, list, create, delete) and
+  resourceslices (get, list; seeded with ``put_resource_slice``): a pod naming claims
+  in ``spec.resourceClaims`` is scheduled only where they can be allocated
+  (tests/fakes/dra.py), the claims are reserved for it and the node's PodResources
+  reports their devices; when the pod is gone they are released and deallocated;
 - knobs for attacks: ``stall()`` holds matching requests unanswered (a slow or hung
   API server, on the real wire) until released; ``reviews()`` lists the TokenReview
   and SubjectAccessReview bodies received, to count them or read what was asked;
@@ -54,12 +59,16 @@ import httpx
 import yaml
 from kubernetes import client as k8s
 
+from agent.podresources.client import ClaimAllocation
+from tests.fakes import dra
 from tests.fakes.pki import CertificateAuthority, CertPaths
 from tests.fakes.podresources_server import FakePodResourcesServer
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+# A pod's claims by spec.resourceClaims entry: (the stored claim, its allocation).
+Placement = dict[str, tuple[Obj, Obj]]
 
 API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -74,10 +83,19 @@ _CORE: dict[str, tuple[str, str, bool]] = {
     "nodes": ("Node", "NodeList", False),
 }
 _CORE_VERBS: dict[str, set[str]] = {
-    "pods": {"get", "list", "create", "delete"},
+    "pods": {"get", "list", "create", "delete", "patch"},
     "events": {"get", "list", "create"},
     "configmaps": {"get", "list", "create"},
     "nodes": {"get", "list"},
+}
+DRA_GROUP = "resource.k8s.io"
+_DRA: dict[str, tuple[str, str, bool]] = {
+    "resourceclaims": ("ResourceClaim", "ResourceClaimList", True),
+    "resourceslices": ("ResourceSlice", "ResourceSliceList", False),
+}
+_DRA_VERBS: dict[str, set[str]] = {
+    "resourceclaims": {"get", "list", "create", "delete"},
+    "resourceslices": {"get", "list"},
 }
 # Field selectors the real server accepts for each resource.
 _FIELDS: dict[str, set[str]] = {
@@ -108,6 +126,8 @@ _FIELDS: dict[str, set[str]] = {
     },
     "configmaps": {"metadata.name", "metadata.namespace"},
     "nodes": {"metadata.name", "spec.unschedulable"},
+    "resourceclaims": {"metadata.name", "metadata.namespace"},
+    "resourceslices": {"metadata.name", "spec.nodeName", "spec.driver"},
 }
 # Hop-by-hop headers plus the caller's credentials: never passed to the backend.
 _NOT_FORWARDED = {
@@ -451,8 +471,10 @@ class FakeKubeApiServer:
         podresources: Mapping[str, FakePodResourcesServer] | None = None,
         front_proxy: FrontProxy | None = None,
         api_audiences: Sequence[str] = (API_AUDIENCE,),
+        serve_dra: bool = True,
     ) -> None:
         self.tls = tls
+        self.serve_dra = serve_dra  # False: a cluster without resource.k8s.io/v1 (404)
         self.client_ca = client_ca
         self.admin_token = admin_token
         self.api_audiences = tuple(api_audiences)
@@ -466,7 +488,7 @@ class FakeKubeApiServer:
             "kubernetes-admin", ("system:masters",), self.api_audiences
         )
         self._rules: list[AccessRule] = [*_PUBLIC_INFO, *rules]
-        self._store: dict[str, dict[tuple[str, str], Obj]] = {r: {} for r in _CORE}
+        self._store: dict[str, dict[tuple[str, str], Obj]] = {r: {} for r in [*_CORE, *_DRA]}
         self._pools: dict[str, list[str]] = {n: list(ids) for n, ids in (nodes or {}).items()}
         self._used: dict[str, dict[str, tuple[str, str]]] = {n: {} for n in self._pools}
         self._podresources: dict[str, FakePodResourcesServer] = {}
@@ -748,6 +770,21 @@ class FakeKubeApiServer:
                 ]
             )
 
+    def put_resource_slice(self, obj: Obj) -> Obj:
+        """Publish a ResourceSlice as a DRA driver's kubelet plugin would; pods waiting for
+        devices are scheduled again."""
+        obj = copy.deepcopy(obj)
+        obj["kind"], obj["apiVersion"] = "ResourceSlice", f"{DRA_GROUP}/v1"
+        with self._lock:
+            self._with_metadata(obj, "")
+            self._store["resourceslices"][("", obj["metadata"]["name"])] = obj
+            self._retry_unschedulable()
+            return copy.deepcopy(obj)
+
+    def resource_claim(self, namespace: str, name: str) -> Obj | None:
+        with self._lock:
+            return copy.deepcopy(self._store["resourceclaims"].get((namespace, name)))
+
     def free_devices(self, node: str) -> list[str]:
         with self._lock:
             return [d for d in self._pools[node] if d not in self._used[node]]
@@ -831,11 +868,17 @@ class FakeKubeApiServer:
                 body = json.loads(raw)
             except ValueError as err:
                 raise ApiError(400, "BadRequest", f"invalid JSON body: {err}") from err
-        code, obj = self._serve(req, version, query, body)
+        content_type = h.headers.get("Content-Type", "").split(";")[0].strip()
+        code, obj = self._serve(req, version, query, body, content_type)
         return code, json.dumps(obj).encode(), "application/json"
 
     def _serve(
-        self, req: Attributes, version: str, query: Mapping[str, list[str]], body: Obj
+        self,
+        req: Attributes,
+        version: str,
+        query: Mapping[str, list[str]],
+        body: Obj,
+        content_type: str = "application/json",
     ) -> tuple[int, Obj]:
         not_found = ApiError(404, "NotFound", "the server could not find the requested resource")
         if not req.is_resource and req.path.rstrip("/") == "/version" and req.verb == "get":
@@ -854,6 +897,8 @@ class FakeKubeApiServer:
             with self._lock:
                 self._reviews.append(("SubjectAccessReview", body))
             return 201, self._subject_access_review(body)
+        if req.api_group == DRA_GROUP and req.resource in _DRA and self.serve_dra:
+            return self._serve_dra(req, query, body)
         if req.api_group != "" or req.resource not in _CORE:
             raise not_found
         if req.verb not in _CORE_VERBS[req.resource]:
@@ -865,7 +910,46 @@ class FakeKubeApiServer:
                 return 200, self._list(req.resource, req.namespace, query)
             if req.verb == "create":
                 return 201, self._create(req.resource, req.namespace, body)
+            if req.verb == "patch":
+                return 200, self._merge_patch(
+                    req.resource, req.namespace, req.name, body, content_type
+                )
             return 200, self._delete_pod(req.namespace, req.name, query, body)
+
+    def _merge_patch(
+        self, resource: str, namespace: str, name: str, patch: Obj, content_type: str
+    ) -> Obj:
+        """A JSON merge patch (RFC 7386) of an object's metadata, as kube-apiserver applies
+        one. Strategic merge and JSON patch are not spoken here: refused, not guessed."""
+        if content_type != "application/merge-patch+json":
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the fake API server applies only merge patches, not {content_type}",
+            )
+        if set(patch) - {"metadata"}:
+            raise ApiError(422, "Invalid", "the fake API server patches metadata only")
+        obj = self._store[resource].get((namespace, name))
+        if obj is None:
+            raise _not_found(resource, name)
+        obj["metadata"] = _merged(obj["metadata"], patch.get("metadata") or {})
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        return copy.deepcopy(obj)
+
+    def _serve_dra(
+        self, req: Attributes, query: Mapping[str, list[str]], body: Obj
+    ) -> tuple[int, Obj]:
+        if req.verb not in _DRA_VERBS[req.resource]:
+            raise _method_not_allowed()
+        namespace = req.namespace if _DRA[req.resource][2] else ""
+        with self._lock:
+            if req.verb == "get":
+                return 200, self._get(req.resource, namespace, req.name)
+            if req.verb == "list":
+                return 200, self._list(req.resource, namespace, query)
+            if req.verb == "create":
+                return 201, self._create(req.resource, namespace, body)
+            return 200, self._delete_claim(namespace, req.name)
 
     # -- authentication and authorization ----------------------------------------------
     def _authenticate(self, h: _Handler) -> User | None:
@@ -1051,14 +1135,14 @@ class FakeKubeApiServer:
             and _match_labels(obj.get("metadata", {}).get("labels") or {}, labels)
         ]
         return {
-            "kind": _CORE[resource][1],
-            "apiVersion": "v1",
+            "kind": _kind(resource)[1],
+            "apiVersion": _api_version(resource),
             "metadata": {"resourceVersion": str(next(self._rv))},
             "items": copy.deepcopy(items),
         }
 
     def _create(self, resource: str, namespace: str, body: Obj) -> Obj:
-        kind = _CORE[resource][0]
+        kind = _kind(resource)[0]
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         if meta.get("namespace") and meta["namespace"] != namespace:
@@ -1086,11 +1170,23 @@ class FakeKubeApiServer:
                 f'{resource} "{name}" already exists',
                 {"name": name, "kind": resource},
             )
-        obj["kind"], obj["apiVersion"] = kind, "v1"
+        if resource == "resourceclaims":
+            obj.pop("status", None)  # a subresource: not written on create
+            problem = dra.invalid(obj)
+            if problem:
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{kind}.{DRA_GROUP} "{name}" is invalid: {problem}',
+                    {"name": name, "group": DRA_GROUP, "kind": kind},
+                )
+        obj["kind"], obj["apiVersion"] = kind, _api_version(resource)
         self._with_metadata(obj, namespace)
         self._store[resource][(namespace, name)] = obj
         if resource == "pods":
             self._admit_pod(obj)
+        elif resource == "resourceclaims":
+            self._retry_unschedulable()
         return copy.deepcopy(obj)
 
     # -- scheduler and kubelet stand-in ------------------------------------------------------
@@ -1128,6 +1224,11 @@ class FakeKubeApiServer:
         spec, status = pod["spec"], pod["status"]
         wanted = sum(self._requested(c) for c in spec.get("containers") or [])
         node = spec.get("nodeName")
+        claims = self._pod_claims(pod)
+        if isinstance(claims, str):  # a claim is missing: the scheduler waits for it
+            if not node:
+                self._unschedulable(pod, claims)
+            return
         if node:  # bound already: the scheduler is bypassed, the kubelet admits or rejects
             if node not in self._pools:
                 return  # no such kubelet: Pending forever, as in a real cluster
@@ -1145,19 +1246,26 @@ class FakeKubeApiServer:
                     }
                 )
                 return
-            self._bind(pod, node)
+            placement = self._allocate(claims, node)
+            if placement is None:  # the kubelet cannot prepare unallocated claims: Pending
+                return
+            self._bind(pod, node, placement)
             return
         pinned = _pinned_hosts(spec)
         candidates = [n for n in self._pools if pinned is None or n in pinned]
-        fitting = [n for n in candidates if len(self._pools[n]) - len(self._used[n]) >= wanted]
+        roomy = [n for n in candidates if len(self._pools[n]) - len(self._used[n]) >= wanted]
+        placements = {n: self._allocate(claims, n) for n in roomy}
+        fitting = [n for n in roomy if placements[n] is not None]
         if fitting:
             spec["nodeName"] = fitting[0]
-            self._bind(pod, fitting[0])
+            self._bind(pod, fitting[0], placements[fitting[0]])
             return
         total = len(self._pools)
         reasons = []
-        if candidates:
-            reasons.append(f"{len(candidates)} Insufficient {self.gpu_resource}")
+        if len(candidates) - len(roomy):
+            reasons.append(f"{len(candidates) - len(roomy)} Insufficient {self.gpu_resource}")
+        if roomy:
+            reasons.append(f"{len(roomy)} {dra.CANNOT_ALLOCATE}")
         if total - len(candidates):
             reasons.append(
                 f"{total - len(candidates)} node(s) didn't match Pod's node affinity/selector"
@@ -1167,7 +1275,10 @@ class FakeKubeApiServer:
             if total
             else "no nodes available to schedule pods"
         )
-        status["conditions"] = [
+        self._unschedulable(pod, message)
+
+    def _unschedulable(self, pod: Obj, message: str) -> None:
+        pod["status"]["conditions"] = [
             {
                 "type": "PodScheduled",
                 "status": "False",
@@ -1178,7 +1289,122 @@ class FakeKubeApiServer:
             }
         ]
 
-    def _bind(self, pod: Obj, node: str) -> None:
+    # -- DRA: claims are allocated with the pod's node and released with the pod --------
+    def _pod_claims(self, pod: Obj) -> dict[str, Obj] | str:
+        """The pod's ResourceClaims by ``spec.resourceClaims`` entry name, or why not yet."""
+        namespace = pod["metadata"]["namespace"]
+        found: dict[str, Obj] = {}
+        for entry in pod["spec"].get("resourceClaims") or []:
+            name = entry.get("resourceClaimName")
+            if name is None:  # a template's claim comes from a controller the fake lacks
+                return "waiting for dynamic resource controller to create the resourceclaim"
+            claim = self._store["resourceclaims"].get((namespace, name))
+            if claim is None:
+                return f'resourceclaim.{DRA_GROUP} "{name}" not found'
+            if "deletionTimestamp" in claim["metadata"]:
+                return f'resourceclaim "{name}" is being deleted'
+            found[entry["name"]] = claim
+        return found
+
+    def _allocate(self, claims: dict[str, Obj], node: str) -> Placement | None:
+        """Each of a pod's claims with its ``status.allocation`` on ``node``, or None."""
+        if not claims:
+            return {}
+        devices = dra.devices_on(self._store["resourceslices"].values(), node)
+        taken = dra.held(self._store["resourceclaims"].values())
+        placement: Placement = {}
+        for ref, claim in claims.items():
+            allocation = dra.allocate(claim, node, devices, taken)
+            if allocation is None:
+                return None
+            placement[ref] = (claim, allocation)
+            taken |= {(r["driver"], r["pool"], r["device"]) for r in dra.results(allocation)}
+        return placement
+
+    def _reserve_claims(self, pod: Obj, node: str, placement: Placement) -> None:
+        """Write each claim's allocation and reservation, then report its devices in the
+        node's PodResources for the containers that name it."""
+        meta = pod["metadata"]
+        claims = {ref: claim for ref, (claim, _) in placement.items()}
+        for claim, allocation in placement.values():
+            status = claim.setdefault("status", {})
+            status["allocation"] = allocation
+            finalizers = claim["metadata"].setdefault("finalizers", [])
+            if dra.FINALIZER not in finalizers:
+                finalizers.append(dra.FINALIZER)
+            status.setdefault("reservedFor", []).append(
+                {"resource": "pods", "name": meta["name"], "uid": meta["uid"]}
+            )
+            claim["metadata"]["resourceVersion"] = str(next(self._rv))
+        kubelet = self._podresources.get(node)
+        if kubelet is None:
+            return
+        for container in pod["spec"].get("containers") or []:
+            for use in (container.get("resources") or {}).get("claims") or []:
+                claim = claims.get(use.get("name", ""))
+                if claim is None:
+                    continue
+                for result in dra.results(claim["status"]["allocation"]):
+                    if use.get("request") not in (None, result["request"]):
+                        continue
+                    kubelet.set_claim_allocation(
+                        meta["namespace"],
+                        meta["name"],
+                        container["name"],
+                        ClaimAllocation(
+                            namespace=meta["namespace"],
+                            claim=claim["metadata"]["name"],
+                            driver=result["driver"],
+                            pool=result["pool"],
+                            device=result["device"],
+                            cdi_devices=(dra.cdi_name(claim, result),),
+                        ),
+                    )
+
+    def _release_claims(self, pod: Obj) -> None:
+        """Unreserve the pod's claims; one no pod reserves is deallocated (and, if it was
+        deleted meanwhile, removed), as the resourceclaim controller does."""
+        namespace, uid = pod["metadata"]["namespace"], pod["metadata"]["uid"]
+        for key, claim in list(self._store["resourceclaims"].items()):
+            status = claim.get("status") or {}
+            reserved = status.get("reservedFor") or []
+            if key[0] != namespace or not any(r.get("uid") == uid for r in reserved):
+                continue
+            status["reservedFor"] = [r for r in reserved if r.get("uid") != uid]
+            if not status["reservedFor"]:
+                claim["status"] = {}
+                finalizers = claim["metadata"].get("finalizers") or []
+                claim["metadata"]["finalizers"] = [f for f in finalizers if f != dra.FINALIZER]
+                if "deletionTimestamp" in claim["metadata"]:
+                    del self._store["resourceclaims"][key]
+                    continue
+            claim["metadata"]["resourceVersion"] = str(next(self._rv))
+
+    def _delete_claim(self, namespace: str, name: str) -> Obj:
+        """A claim still reserved by a pod stays, marked for deletion, until the pod is gone."""
+        claim = self._store["resourceclaims"].get((namespace, name))
+        if claim is None:
+            raise _not_found("resourceclaims", name)
+        if (claim.get("status") or {}).get("reservedFor"):
+            meta = claim["metadata"]
+            if "deletionTimestamp" not in meta:
+                meta["deletionTimestamp"] = _now()
+                meta["deletionGracePeriodSeconds"] = 0
+                meta["resourceVersion"] = str(next(self._rv))
+            return copy.deepcopy(claim)
+        del self._store["resourceclaims"][(namespace, name)]
+        return copy.deepcopy(claim)
+
+    def _retry_unschedulable(self) -> None:
+        """The scheduler retries unschedulable pods when capacity or claims appear."""
+        for waiting in list(self._store["pods"].values()):
+            conditions = waiting["status"].get("conditions") or []
+            if not waiting["spec"].get("nodeName") and any(
+                c.get("reason") == "Unschedulable" for c in conditions
+            ):
+                self._schedule(waiting)
+
+    def _bind(self, pod: Obj, node: str, placement: Placement | None = None) -> None:
         meta, spec, status = pod["metadata"], pod["spec"], pod["status"]
         key = (meta["namespace"], meta["name"])
         free = [d for d in self._pools[node] if d not in self._used[node]]
@@ -1194,6 +1420,8 @@ class FakeKubeApiServer:
                 kubelet.set_allocation(
                     key[0], key[1], container["name"], self.gpu_resource, devices
                 )
+        if placement:
+            self._reserve_claims(pod, node, placement)
         status["conditions"] = [
             {
                 "type": "PodScheduled",
@@ -1280,13 +1508,8 @@ class FakeKubeApiServer:
             }
             if node in self._podresources:
                 self._podresources[node].remove_pod(namespace, name)
-        # The scheduler retries unschedulable pods when capacity frees up.
-        for waiting in list(self._store["pods"].values()):
-            conditions = waiting["status"].get("conditions") or []
-            if not waiting["spec"].get("nodeName") and any(
-                c.get("reason") == "Unschedulable" for c in conditions
-            ):
-                self._schedule(waiting)
+        self._release_claims(pod)
+        self._retry_unschedulable()
 
     def _later(self, delay: float, action: Callable[[], None]) -> None:
         """Run ``action`` under the lock now (delay 0) or from a timer."""
@@ -1306,8 +1529,30 @@ class FakeKubeApiServer:
         timer.start()
 
 
+def _kind(resource: str) -> tuple[str, str, bool]:
+    """(kind, list kind, namespaced) of a served resource."""
+    return _CORE.get(resource) or _DRA[resource]
+
+
+def _api_version(resource: str) -> str:
+    return f"{DRA_GROUP}/v1" if resource in _DRA else "v1"
+
+
+def _merged(target: Obj, patch: Obj) -> Obj:
+    """RFC 7386: maps merge key by key, null deletes, anything else (lists too) replaces."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
 def _pinned_hosts(spec: Obj) -> set[str] | None:
-    """Hostnames a pod is confined to by nodeSelector or required node affinity."""
+    """Nodes a pod is confined to by nodeSelector or required node affinity."""
     hosts: set[str] | None = None
     selected = (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL)
     if selected is not None:
@@ -1319,6 +1564,9 @@ def _pinned_hosts(spec: Obj) -> set[str] | None:
     for term in required.get("nodeSelectorTerms") or []:  # terms are ORed
         for expr in term.get("matchExpressions") or []:
             if expr.get("key") == HOSTNAME_LABEL and expr.get("operator") == "In":
+                allowed |= set(expr.get("values") or [])
+        for expr in term.get("matchFields") or []:  # the node's own name (hostnames agree here)
+            if expr.get("key") == "metadata.name" and expr.get("operator") == "In":
                 allowed |= set(expr.get("values") or [])
     if allowed:
         hosts = allowed if hosts is None else hosts & allowed

@@ -15,10 +15,13 @@ from types import TracebackType
 
 import grpc
 
+from agent.podresources.client import ClaimAllocation
 from agent.podresources.generated import api_pb2, api_pb2_grpc
 
 # pod (namespace, name) -> container -> resource -> device ids
 Table = dict[tuple[str, str], dict[str, dict[str, list[str]]]]
+# pod (namespace, name) -> container -> DRA devices, as a 1.34 kubelet reports them
+Claims = dict[tuple[str, str], dict[str, list[ClaimAllocation]]]
 
 
 class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
@@ -29,8 +32,13 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
     def List(  # noqa: N802
         self, request: api_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListPodResourcesResponse:
-        with self._owner.lock:
-            pods = [_pod_message(key, containers) for key, containers in self._owner.table.items()]
+        owner = self._owner
+        with owner.lock:
+            keys = dict.fromkeys([*owner.table, *owner.claims])
+            pods = [
+                _pod_message(key, owner.table.get(key, {}), owner.claims.get(key, {}))
+                for key in keys
+            ]
         return api_pb2.ListPodResourcesResponse(pod_resources=pods)
 
     def GetAllocatableResources(  # noqa: N802
@@ -53,9 +61,14 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
         self, request: api_pb2.GetPodResourcesRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetPodResourcesResponse:
         key = (request.pod_namespace, request.pod_name)
-        with self._owner.lock:
-            containers = self._owner.table.get(key)
-            pod = _pod_message(key, containers) if containers is not None else None
+        owner = self._owner
+        with owner.lock:
+            known = key in owner.table or key in owner.claims
+            pod = (
+                _pod_message(key, owner.table.get(key, {}), owner.claims.get(key, {}))
+                if known
+                else None
+            )
         if pod is None:
             # The kubelet returns a plain Go error here, which gRPC reports as UNKNOWN.
             context.abort(
@@ -69,38 +82,80 @@ _CDI_CLAIM = "cdi-claim:"  # table entries that are DRA claims, not device plugi
 
 
 def _pod_message(
-    key: tuple[str, str], containers: dict[str, dict[str, list[str]]]
+    key: tuple[str, str],
+    containers: dict[str, dict[str, list[str]]],
+    claims: dict[str, list[ClaimAllocation]],
 ) -> api_pb2.PodResources:
     namespace, name = key
+    names = dict.fromkeys([*containers, *claims])
     return api_pb2.PodResources(
         namespace=namespace,
         name=name,
         containers=[
-            api_pb2.ContainerResources(
-                name=container,
-                devices=[
-                    api_pb2.ContainerDevices(resource_name=resource, device_ids=ids)
-                    for resource, ids in resources.items()
-                    if not resource.startswith(_CDI_CLAIM)
-                ],
-                dynamic_resources=[
-                    api_pb2.DynamicResource(
-                        class_name="gpu.nvidia.com",
-                        claim_name=resource.removeprefix(_CDI_CLAIM),
-                        claim_namespace=namespace,
-                        claim_resources=[
-                            api_pb2.ClaimResource(
-                                cdi_devices=[api_pb2.CDIDevice(name=n) for n in ids]
-                            )
-                        ],
-                    )
-                    for resource, ids in resources.items()
-                    if resource.startswith(_CDI_CLAIM)
-                ],
-            )
-            for container, resources in containers.items()
+            _container_message(namespace, container, containers.get(container, {}), claims)
+            for container in names
         ],
     )
+
+
+def _container_message(
+    namespace: str,
+    container: str,
+    resources: dict[str, list[str]],
+    claims: dict[str, list[ClaimAllocation]],
+) -> api_pb2.ContainerResources:
+    return api_pb2.ContainerResources(
+        name=container,
+        devices=[
+            api_pb2.ContainerDevices(resource_name=resource, device_ids=ids)
+            for resource, ids in resources.items()
+            if not resource.startswith(_CDI_CLAIM)
+        ],
+        dynamic_resources=[
+            # The pre-1.31 shape (set_cdi_allocation): a class name and CDI names only.
+            *(
+                api_pb2.DynamicResource(
+                    class_name="gpu.nvidia.com",
+                    claim_name=resource.removeprefix(_CDI_CLAIM),
+                    claim_namespace=namespace,
+                    claim_resources=[
+                        api_pb2.ClaimResource(cdi_devices=[api_pb2.CDIDevice(name=n) for n in ids])
+                    ],
+                )
+                for resource, ids in resources.items()
+                if resource.startswith(_CDI_CLAIM)
+            ),
+            *_dynamic_resources(claims.get(container, [])),
+        ],
+    )
+
+
+def _dynamic_resources(allocations: list[ClaimAllocation]) -> list[api_pb2.DynamicResource]:
+    """As a 1.34 kubelet reports DRA: one DynamicResource per claim (no class name), one
+    ClaimResource per device, named by driver, pool and device."""
+    claims: dict[tuple[str, str], list[ClaimAllocation]] = {}
+    for allocation in allocations:
+        claims.setdefault((allocation.namespace, allocation.claim), []).append(allocation)
+    return [
+        api_pb2.DynamicResource(
+            claim_name=claim,
+            claim_namespace=namespace,
+            claim_resources=[
+                api_pb2.ClaimResource(
+                    cdi_devices=[api_pb2.CDIDevice(name=n) for n in a.cdi_devices],
+                    driver_name=a.driver,
+                    pool_name=a.pool,
+                    device_name=a.device,
+                )
+                for a in devices
+            ],
+        )
+        for (namespace, claim), devices in claims.items()
+    ]
+
+
+def _device_key(a: ClaimAllocation) -> tuple[str, str, str, str, str]:
+    return (a.namespace, a.claim, a.driver, a.pool, a.device)
 
 
 class FakePodResourcesServer:
@@ -124,6 +179,7 @@ class FakePodResourcesServer:
         self.socket_path = socket_path
         self.lock = threading.RLock()
         self.table: Table = {}
+        self.claims: Claims = {}
         self.allocatable_devices: dict[str, list[str]] = dict(allocatable or {})
         self.allocatable_unimplemented = allocatable_unimplemented
         self._server: grpc.Server | None = None
@@ -143,9 +199,19 @@ class FakePodResourcesServer:
         """A DRA claim's devices, reported as fully qualified CDI names."""
         self.set_allocation(namespace, pod, container, f"{_CDI_CLAIM}{claim}", cdi_names)
 
+    def set_claim_allocation(
+        self, namespace: str, pod: str, container: str, allocation: ClaimAllocation
+    ) -> None:
+        """A DRA device prepared for a container; replaces the same claim's same device."""
+        with self.lock:
+            devices = self.claims.setdefault((namespace, pod), {}).setdefault(container, [])
+            devices[:] = [a for a in devices if _device_key(a) != _device_key(allocation)]
+            devices.append(allocation)
+
     def remove_pod(self, namespace: str, pod: str) -> None:
         with self.lock:
             self.table.pop((namespace, pod), None)
+            self.claims.pop((namespace, pod), None)
 
     def set_allocatable(self, resource: str, device_ids: list[str]) -> None:
         with self.lock:
@@ -157,6 +223,14 @@ class FakePodResourcesServer:
             return {
                 key: {c: {r: list(ids) for r, ids in res.items()} for c, res in containers.items()}
                 for key, containers in self.table.items()
+            }
+
+    def claim_allocations(self) -> Claims:
+        """A copy of the DRA table, for assertions."""
+        with self.lock:
+            return {
+                key: {c: list(devices) for c, devices in containers.items()}
+                for key, containers in self.claims.items()
             }
 
     # -- lifecycle -----------------------------------------------------------

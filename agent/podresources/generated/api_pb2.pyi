@@ -99,10 +99,16 @@ class DynamicResource(_message.Message):
     def __init__(self, class_name: _Optional[str] = ..., claim_name: _Optional[str] = ..., claim_namespace: _Optional[str] = ..., claim_resources: _Optional[_Iterable[_Union[ClaimResource, _Mapping]]] = ...) -> None: ...
 
 class ClaimResource(_message.Message):
-    __slots__ = ("cdi_devices",)
+    __slots__ = ("cdi_devices", "driver_name", "pool_name", "device_name")
     CDI_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_NAME_FIELD_NUMBER: _ClassVar[int]
+    POOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
     cdi_devices: _containers.RepeatedCompositeFieldContainer[CDIDevice]
-    def __init__(self, cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ...) -> None: ...
+    driver_name: str
+    pool_name: str
+    device_name: str
+    def __init__(self, cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ..., driver_name: _Optional[str] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ...) -> None: ...
 
 class CDIDevice(_message.Message):
     __slots__ = ("name",)
