@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.node.dra import GPU_DRIVER
 from tests.agent.conftest import ALICE, Cluster
 from tests.agent.test_holder_leaks import after_two_reconciles, metric_sum
+from tests.fakes.dra import nvidia_slice
 from tests.support.agent import GPUS, AgentProcess
 from tests.support.waiting import wait_for
 
@@ -225,27 +225,9 @@ def test_a_restarted_agent_keeps_the_pin(cluster: Cluster) -> None:
     assert pins_of(cluster, "nb") == []
 
 
-def nvidia_slice(node: str) -> dict[str, Any]:
-    """What NVIDIA's DRA kubelet plugin publishes for node-a's two GPUs."""
-    return {
-        "metadata": {"name": f"{node}-gpu.nvidia.com-abcde"},
-        "spec": {
-            "driver": GPU_DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {
-                    "name": f"gpu-{gpu.minor}",
-                    "attributes": {"type": {"string": "gpu"}, "uuid": {"string": gpu.uuid}},
-                }
-                for gpu in GPUS
-            ],
-        },
-    }
-
-
 def test_dra_gpu_is_pinned_by_a_resource_claim_for_its_uuid(cluster: Cluster) -> None:
-    cluster.kube.put_resource_slice(nvidia_slice("node-a"))
+    devices = {f"gpu-{gpu.minor}": ("gpu", gpu.uuid) for gpu in GPUS}
+    cluster.kube.put_resource_slice(nvidia_slice("node-a", devices))
     cluster.pod("nb")
     cluster.pod("other")
     agent = cluster.agent()

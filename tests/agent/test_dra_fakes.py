@@ -20,36 +20,13 @@ from agent.node.dra import GPU_DRIVER, ClaimAllocation, claim_manifest, slice_de
 from agent.podresources import PodResourcesClient
 from agent.podresources.generated import api_pb2, api_pb2_grpc
 from tests.fakes import FakeKubeApiServer, FakePodResourcesServer
+from tests.fakes.dra import nvidia_slice
 
 GPU0 = "GPU-aaaaaaaa-0000-4000-8000-000000000000"
 GPU1 = "GPU-aaaaaaaa-0000-4000-8000-000000000001"
 MIG0 = "MIG-aaaaaaaa-0000-4000-8000-00000000000a"
 GPU_B = "GPU-bbbbbbbb-0000-4000-8000-000000000000"
 NS = "ml"
-
-
-def nvidia_slice(node: str, devices: dict[str, tuple[str, str]]) -> dict[str, Any]:
-    """What NVIDIA's kubelet plugin publishes: pool = node, bare attribute names."""
-    return {
-        "metadata": {"name": f"{node}-gpu.nvidia.com-x7k2p"},
-        "spec": {
-            "driver": GPU_DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {
-                    "name": name,
-                    "attributes": {
-                        "type": {"string": kind},
-                        "uuid": {"string": uuid},
-                        "productName": {"string": "NVIDIA H100 80GB HBM3"},
-                        "driverVersion": {"version": "580.65.6"},
-                    },
-                }
-                for name, (kind, uuid) in devices.items()
-            ],
-        },
-    }
 
 
 def holder(name: str, claim: str) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from typing import Any
 
 import celpy
 
+from agent.node.dra import GPU_DRIVER
+
 Obj = dict[str, Any]
 Triplet = tuple[str, str, str]  # (driver, pool, device): a device in the books
 
@@ -197,3 +199,27 @@ def cdi_name(claim: Obj, result: Obj) -> str:
     claim (cmd/gpu-kubelet-plugin/cdi.go, GetClaimDeviceName):
     ``k8s.gpu.nvidia.com/claim=<claim uid>-<device>``."""
     return f"k8s.{result['driver']}/claim={claim['metadata']['uid']}-{result['device']}"
+
+
+def nvidia_slice(node: str, devices: dict[str, tuple[str, str]]) -> Obj:
+    """What NVIDIA's kubelet plugin publishes: pool = node, bare attribute names."""
+    return {
+        "metadata": {"name": f"{node}-gpu.nvidia.com-x7k2p"},
+        "spec": {
+            "driver": GPU_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": name,
+                    "attributes": {
+                        "type": {"string": kind},
+                        "uuid": {"string": uuid},
+                        "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                        "driverVersion": {"version": "580.65.6"},
+                    },
+                }
+                for name, (kind, uuid) in devices.items()
+            ],
+        },
+    }
