@@ -27,6 +27,7 @@ from agent.node.locks import ContainerLocks
 from agent.node.results import require_kube
 from hotmount import engine as eng
 from hotmount.errors import HotmountError
+from hotmount.ledger import ContainerRecord
 
 log = logging.getLogger(__name__)
 
@@ -347,8 +348,29 @@ class HolderPods:
                         namespace,
                         holder,
                     )
+                    self._tell_pod(record, namespace, mine, holder)
                     taken += mine
         return taken
+
+    def _tell_pod(
+        self, record: ContainerRecord, namespace: str, keys: list[str], holder: str
+    ) -> None:
+        """A Warning Event on the pod: a GPU taken from a tenant is never silent."""
+        pod_name = record.devices[keys[0]].metadata.get("pod")  # the snapshot before
+        if self.kube is None or not pod_name:
+            return
+        try:
+            pod = self.kube.find_pod(namespace, pod_name)
+        except ApiError:
+            return
+        if pod is not None:
+            self.kube.record_event(
+                pod,
+                "GPUTakenBack",
+                f"took {', '.join(keys)} back: its pin or holder pod {holder} is gone, so the "
+                "kubelet counts the GPU free and may give it to another pod",
+                warning=True,
+            )
 
     def collect_orphan_holders(self) -> list[str]:
         """Delete this node's holder pods that no live mount accounts for.

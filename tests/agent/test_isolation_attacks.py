@@ -169,6 +169,11 @@ def test_deleting_its_holder_pod_takes_the_gpu_back(cluster: Cluster) -> None:
     with agent.client(DANA) as api:
         assert api.get("/v1/namespaces/default/pods/nb/devices").json()["containers"] == []
     assert sorted(cluster.kube.free_devices("node-a")) == sorted(g.uuid for g in GPUS)
+    # never silently: the pod is told why its GPU went
+    eventually(lambda: cluster.events("GPUTakenBack") != [], "tell the pod")
+    [told] = cluster.events("GPUTakenBack")
+    assert told["involvedObject"]["name"] == "nb" and told["type"] == "Warning"
+    assert body["holderPod"] in told["message"]
 
 
 def test_a_pod_of_the_same_name_does_not_stand_in_for_a_deleted_holder(

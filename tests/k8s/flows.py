@@ -29,7 +29,7 @@ from agent.podresources.client import PodResourcesClient
 from tests.deploy.support import helm_binary
 from tests.fakes.nvml import FakeGpu
 from tests.k8s.deviceplugin import FakeGpuPlugin
-from tests.k8s.node.cluster import BUSYBOX_IMAGE, NODE_NAME, PAUSE_IMAGE, Node, run
+from tests.k8s.node.cluster import BUSYBOX_IMAGE, CGROUP_ROOT, NODE_NAME, PAUSE_IMAGE, Node, run
 from tests.support.image import AgentImage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,9 @@ NVML_GPUS = (
 NVML_MOUNT = "/opt/fake-nvml"
 RECONCILE_INTERVAL = 5.0
 GRANTED, DENIED, ABSENT = "granted", "denied", "absent"
-EXIT_AUTH, EXIT_CONFLICT = 5, 3
+EXIT_AUTH, EXIT_CONFLICT, EXIT_QUOTA = 5, 3, 7
+GPU_RESOURCE = "nvidia.com/gpu"
+PIN_SELECTOR = "app.kubernetes.io/managed-by=gpu-hotmount,hotmount.io/role=pin"
 
 
 @dataclass
@@ -337,3 +339,124 @@ def holders_of(node: Node, pod: str, namespace: str = "default") -> list[dict[st
         p for p in found
         if any(ref.get("uid") == uid for ref in p["metadata"].get("ownerReferences", []))
     ]  # fmt: skip
+
+
+# ---- the scheduler's books (accounting) ----------------------------------------
+
+
+def gpu_pod_manifest(
+    name: str, count: int, namespace: str = "default", **spec: Any
+) -> dict[str, Any]:
+    """An ordinary tenant pod asking the scheduler for `count` GPUs (no hot-mount).
+
+    A grace period of 0, as the agent's pins have: the API server then deletes it at
+    once (the kubelet stops its container afterwards), and the scheduler and the
+    kubelet count its GPUs free again; 1 s would have `delete --wait` take the
+    kubelet's ~10 s status round."""
+    manifest = pod_manifest(name, namespace, **{"terminationGracePeriodSeconds": 0, **spec})
+    container = manifest["spec"]["containers"][0]
+    del container["env"]  # the device plugin's NVIDIA_VISIBLE_DEVICES is its to set
+    container["resources"] = {"limits": {GPU_RESOURCE: str(count)}}
+    return manifest
+
+
+def quick_pod_manifest(name: str, namespace: str = "default", **spec: Any) -> dict[str, Any]:
+    """`pod_manifest` with a grace period of 0: deleted from the API at once (the agent
+    sees its container die at its next reconcile). For pods with nothing mounted left."""
+    return pod_manifest(name, namespace, **{"terminationGracePeriodSeconds": 0, **spec})
+
+
+def pins(node: Node, pod: str | None = None, namespace: str = "default") -> list[dict[str, Any]]:
+    """Pin pods in `namespace` (of `pod` only, if given), terminating ones included."""
+    selector = PIN_SELECTOR + (f",hotmount.io/holder-for={pod}" if pod else "")
+    found = node.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+    return list(json.loads(found)["items"])
+
+
+def the_pin(node: Node, pod: str, namespace: str = "default") -> dict[str, Any]:
+    """The one live pin of `pod`."""
+    live = [p for p in pins(node, pod, namespace) if not p["metadata"].get("deletionTimestamp")]
+    assert len(live) == 1, [p["metadata"]["name"] for p in live]
+    return live[0]
+
+
+def given_to(node: Node, name: str, namespace: str = "default") -> tuple[str, ...]:
+    """The GPU UUIDs the kubelet gave a pod, once it is Ready (PodResources)."""
+    node.kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n", namespace,
+                 "--timeout=120s", timeout=150)  # fmt: skip
+    return tuple(sorted(pod_resources().get((namespace, name), ())))
+
+
+def ordinary_gpu_pod(node: Node, count: int = 1, namespace: str = "default") -> tuple[str, ...]:
+    """Create an ordinary `count`-GPU pod, read what the kubelet gave it, delete it (and
+    wait until it is gone, so the next one finds its GPUs free again)."""
+    name = new_name("ordinary")
+    node.apply(gpu_pod_manifest(name, count, namespace))
+    try:
+        return given_to(node, name, namespace)
+    finally:
+        delete_pod(node, name, namespace)
+
+
+def scheduled(node: Node, name: str, namespace: str = "default") -> tuple[str, str]:
+    """The pod's PodScheduled condition: (status, reason), ("", "") before the scheduler
+    has looked at it."""
+    pod = get_pod(node, name, namespace)
+    conditions = (pod or {}).get("status", {}).get("conditions", [])
+    for condition in conditions:
+        if condition["type"] == "PodScheduled":
+            return condition["status"], condition.get("reason", "")
+    return "", ""
+
+
+def wait_unschedulable(node: Node, name: str, namespace: str = "default") -> None:
+    wait_for(
+        f"pod {name} is Unschedulable",
+        lambda: scheduled(node, name, namespace) == ("False", "Unschedulable"),
+        60,
+    )
+
+
+def status_pins(node: Node, user: str, pod: str, namespace: str = "default") -> dict[str, str]:
+    """GPU UUID to the pin `nvcli status -o json` names for it."""
+    reply = nvcli_ok(node, user, "status", "--name", pod, "-n", namespace)
+    return {
+        d["uuid"]: d.get("pin")
+        for c in reply.get("containers", [])
+        for d in c.get("devices", [])
+        if d.get("uuid")
+    }
+
+
+@contextmanager
+def agent_frozen(node: Node, release: Release) -> Iterator[None]:
+    """The agent pod's processes frozen (the cgroup freezer) while the body runs: for the
+    cluster the agent is down that long (no reconcile, no answer), without the restart
+    that would reconcile at once on start. Keep the body short: the readiness probe gives
+    up after 15 s. After it, the APIService is waited for again."""
+    name = release.agent_pod()
+    assert name is not None, "no agent pod is Ready"
+    pod = get_pod(node, name, NAMESPACE)
+    assert pod is not None
+    state, frozen, thawed = _freezer(pod["metadata"]["uid"])
+    state.write_text(frozen)
+    try:
+        wait_for("the agent is frozen", lambda: state.read_text().strip() == frozen, 10, 0.05)
+        yield
+    finally:
+        state.write_text(thawed)
+    release.wait_available()
+
+
+def _freezer(uid: str) -> tuple[Path, str, str]:
+    """The pod cgroup's freezer file and its frozen and thawed values (v1 or v2)."""
+    for root, name, frozen, thawed in (
+        (Path("/sys/fs/cgroup/freezer"), "freezer.state", "FROZEN", "THAWED"),
+        (Path("/sys/fs/cgroup"), "cgroup.freeze", "1", "0"),
+    ):
+        top = root / CGROUP_ROOT
+        if top.is_dir():
+            for found in top.rglob(f"pod{uid}"):
+                if (found / name).exists():
+                    return found / name, frozen, thawed
+    raise AssertionError(f"no freezer cgroup for pod uid {uid} under .../{CGROUP_ROOT}")
