@@ -167,16 +167,6 @@ class HolderPods:
             with self._in_flight_guard:
                 self._in_flight.difference_update(keys)
 
-    def create(
-        self, target: PodInfo, count: int, role: Role = Role.COUNT, device: str | None = None
-    ) -> Holder:
-        """Create one holder pod (not waiting for it); the caller has it in flight."""
-        kube = require_kube(self.kube)
-        name = self.new_name(target, role)
-        manifest = holder_manifest(self.settings, target, name, count, role, device)
-        created = kube.create_pod(target.namespace, manifest)
-        return Holder(name, created.uid)
-
     @staticmethod
     def new_name(target: PodInfo, role: Role = Role.COUNT) -> str:
         prefix = PIN_PREFIX if role is Role.PIN else HOLDER_PREFIX
