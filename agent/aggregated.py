@@ -6,9 +6,12 @@ credentials; the API server authenticates, then forwards the user in
 SubjectAccessReviews as the /v1 API. Discovery documents are open to every
 authenticated caller, as Kubernetes' own are.
 
-    GPUMount (namespaced; name = the pod)  create, get, list, delete
+    GPUMount (namespaced; name = the pod)  create, get, list (also across namespaces), delete
     NodeDevices (cluster; name = the node) get, list
     Reassignment (namespaced)               create
+
+Lists and gets answer kubectl's Table requests (agent/tables.py), so `kubectl get` prints
+useful columns; other clients get the objects.
 
 The API server authorizes the aggregated path itself before it proxies, by the path's
 scope. So a move between two pods of one namespace is a namespaced Reassignment, which a
@@ -21,6 +24,8 @@ cluster-scoped (`nodedevices`): it shows holders in every namespace.
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -29,18 +34,24 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.auth import Authorizer, Identity
 from agent.deps import Authz, Caller, Gate, Listing, Mounting, Moves
-from agent.errors import BadRequest, NotOnThisNode
+from agent.errors import BadRequest, Forbidden, NotOnThisNode
 from agent.gateway import LOCAL_ONLY, Gateway
+from agent.node import listing as node_listing
 from agent.node import moves as node_moves
 from agent.routes.forwarding import local_or_forward
 from agent.routes.pods import Namespace, PodName
-from agent.schemas import KubeName, MountRequest, PodRef, ReassignRequest
+from agent.schemas import KubeName, MountRequest, PodDevices, PodRef, ReassignRequest
+from agent.tables import IncludeObject, table, table_version
 
 GROUP, VERSION = "hotmount.io", "v1alpha1"
 GROUP_VERSION = f"{GROUP}/{VERSION}"
 PREFIX = f"/apis/{GROUP}"
 
 router = APIRouter(prefix=PREFIX, tags=["aggregated"])
+# A NodeDevices' creationTimestamp: when this agent started and took the node's inventory.
+STARTED_AT = datetime.now(UTC).isoformat(timespec="seconds")
+# `?includeObject=`: what a Table row carries (kubectl asks for Metadata, the default).
+Include = Annotated[IncludeObject, Query(alias="includeObject")]
 
 
 class ObjectMeta(BaseModel):
@@ -102,14 +113,67 @@ class NamespacedReassignmentBody(ReassignmentBody):
 
 
 def _object(
-    kind: str, name: str, status: BaseModel, namespace: str | None = None, spec: Any = None
+    kind: str,
+    name: str,
+    status: BaseModel,
+    namespace: str | None = None,
+    spec: Any = None,
+    created: str | None = None,
 ) -> dict[str, Any]:
-    metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
+    metadata: dict[str, Any] = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    if created:
+        metadata["creationTimestamp"] = created
     obj: dict[str, Any] = {"apiVersion": GROUP_VERSION, "kind": kind, "metadata": metadata}
     if spec is not None:
         obj["spec"] = spec
     obj["status"] = status.model_dump(mode="json", by_alias=True)
     return obj
+
+
+def _may_list(authz: Authorizer, caller: Identity, namespace: str) -> bool:
+    """Whether the caller may list gpumounts in `namespace` ("": every namespace)."""
+    try:
+        authz.require(caller, "list", namespace)
+    except Forbidden:
+        return False
+    return True
+
+
+def _gpumount(devices: PodDevices, namespace: str) -> dict[str, Any]:
+    """A pod's mounts as a GPUMount, created when the first of them was made."""
+    since = [d.mounted_at for c in devices.containers for d in c.devices if d.mounted_at]
+    return _object(
+        "GPUMount", devices.pod or "", devices, namespace, created=min(since, default=None)
+    )
+
+
+def _node_devices(listing: node_listing.Listing, node: str) -> dict[str, Any]:
+    return _object("NodeDevices", node, listing.devices(), created=STARTED_AT)
+
+
+def _answer(
+    request: Request, kind: str, objects: list[dict[str, Any]], include: IncludeObject
+) -> Any:
+    """A list, or the Table of it when kubectl asked for one."""
+    version = table_version(request.headers.get("accept"))
+    if version is None:
+        return _list(kind, objects)
+    return table(kind, objects, version, include)
+
+
+def _answer_one(request: Request, kind: str, answer: Any, include: IncludeObject) -> Any:
+    """One object (made here, or another node's agent's answer passed through), or its
+    Table. Errors pass through as they came."""
+    version = table_version(request.headers.get("accept"))
+    if version is None:
+        return answer
+    if isinstance(answer, Response):
+        if answer.status_code != 200:
+            return answer
+        answer = json.loads(bytes(answer.body))
+    return table(kind, [answer], version, include)
 
 
 def _other_nodes(request: Request, caller: Identity, gateway: Gateway | None) -> list[Any]:
@@ -210,12 +274,33 @@ def list_gpumounts(
     authz: Authz,
     listing: Listing,
     gateway: Gate,
-) -> dict[str, Any]:
+    include: Include = "Metadata",
+) -> Any:
     authz.require(caller, "list", namespace)
-    items = [
-        _object("GPUMount", p.pod or "", p, namespace) for p in listing.namespace_mounts(namespace)
-    ]
-    return _list("GPUMount", items + _other_nodes(request, caller, gateway))
+    items = [_gpumount(p, namespace) for p in listing.namespace_mounts(namespace)]
+    return _answer(request, "GPUMount", items + _other_nodes(request, caller, gateway), include)
+
+
+@router.get(f"/{VERSION}/gpumounts")
+def list_gpumounts_everywhere(
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    listing: Listing,
+    gateway: Gate,
+    include: Include = "Metadata",
+) -> Any:
+    """`kubectl get gpumounts -A`: every namespace the caller may list, from every node.
+
+    The API server lets this through only to callers who may list gpumounts at the
+    cluster scope; a caller who reaches the agent otherwise sees the namespaces where a
+    SubjectAccessReview says they may list, one review per namespace with mounts.
+    """
+    mounts = listing.all_mounts()
+    if not _may_list(authz, caller, ""):
+        mounts = {ns: pods for ns, pods in mounts.items() if _may_list(authz, caller, ns)}
+    items = [_gpumount(p, ns) for ns, pods in sorted(mounts.items()) for p in pods]
+    return _answer(request, "GPUMount", items + _other_nodes(request, caller, gateway), include)
 
 
 @router.get(f"/{VERSION}/namespaces/{{namespace}}/gpumounts/{{pod}}")
@@ -227,13 +312,16 @@ def get_gpumount(
     authz: Authz,
     listing: Listing,
     gateway: Gate,
+    include: Include = "Metadata",
 ) -> Any:
     authz.require(caller, "get", namespace, pod)
 
     def get() -> dict[str, Any]:
-        return _object("GPUMount", pod, listing.pod_devices_here(namespace, pod), namespace)
+        found = listing.pod_devices_here(namespace, pod)
+        return _gpumount(found.model_copy(update={"pod": pod}), namespace)
 
-    return local_or_forward(get, request, caller, gateway)
+    answer = local_or_forward(get, request, caller, gateway)
+    return _answer_one(request, "GPUMount", answer, include)
 
 
 @router.delete(f"/{VERSION}/namespaces/{{namespace}}/gpumounts/{{pod}}")
@@ -263,26 +351,37 @@ def delete_gpumount(
 
 @router.get(f"/{VERSION}/nodedevices")
 def list_node_devices(
-    request: Request, caller: Caller, authz: Authz, listing: Listing, gateway: Gate
-) -> dict[str, Any]:
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    listing: Listing,
+    gateway: Gate,
+    include: Include = "Metadata",
+) -> Any:
     authz.require(caller, "list", resource="nodedevices")
-    local = listing.devices()
-    items = [_object("NodeDevices", local.node or "", local)]
-    return _list("NodeDevices", items + _other_nodes(request, caller, gateway))
+    items = [_node_devices(listing, listing.node_name or "")]
+    return _answer(request, "NodeDevices", items + _other_nodes(request, caller, gateway), include)
 
 
 @router.get(f"/{VERSION}/nodedevices/{{node}}")
 def get_node_devices(
-    node: PodName, request: Request, caller: Caller, authz: Authz, listing: Listing, gateway: Gate
+    node: PodName,
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    listing: Listing,
+    gateway: Gate,
+    include: Include = "Metadata",
 ) -> Any:
     authz.require(caller, "get", name=node, resource="nodedevices")
 
     def get() -> dict[str, Any]:
         if listing.node_name and node != listing.node_name:
             raise NotOnThisNode(f"node {node} is not this agent's", node)
-        return _object("NodeDevices", node, listing.devices())
+        return _node_devices(listing, node)
 
-    return local_or_forward(get, request, caller, gateway)
+    answer = local_or_forward(get, request, caller, gateway)
+    return _answer_one(request, "NodeDevices", answer, include)
 
 
 @router.post(f"/{VERSION}/namespaces/{{namespace}}/reassignments", status_code=201)

@@ -262,6 +262,8 @@ class MountedDevice(Model):
     # Seconds no process has held it, as the reconciler last saw (0: held; None: not yet seen).
     idle_seconds: int | None = None
     pin: str | None = None  # the pin pod that keeps it in the scheduler's books
+    holder: str | None = None  # the holder pod of a mount by count (its books)
+    mounted_at: str | None = None  # ISO 8601, UTC: when it was hot-mounted
 
 
 class ContainerMount(Model):
@@ -307,6 +309,7 @@ class ContainerDevices(Model):
 class PodDevices(Model):
     namespace: str | None = None
     pod: str | None = None
+    node: str | None = None  # the node whose agent answered
     containers: list[ContainerDevices]
 
 

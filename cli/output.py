@@ -107,15 +107,9 @@ def _where(namespace: str | None, pod: str | None, container: str | None, cid: s
 
 def holder_text(holder: DeviceHolder | Mapping[str, Any] | None) -> str:
     """A model or its JSON document (what `nvcli status` keeps)."""
-    if holder is None:
-        return "<free>"
-    h = holder if isinstance(holder, Mapping) else to_data(holder)
-    pod, container = h.get("pod"), h.get("container")
-    who = _pod(h.get("namespace"), pod) if pod else (h.get("containerId") or "")[:13]
-    if container:
-        who += f" ({container})"
-    pin = f", pin {h['pin']}" if h.get("pin") else ""
-    return f"{who} [{h.get('source')}{pin}]"
+    from agent.tables import holder_text as text
+
+    return text(holder if holder is None or isinstance(holder, Mapping) else to_data(holder))
 
 
 def holders_text(

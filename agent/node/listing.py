@@ -127,21 +127,29 @@ class Listing:
                         ],
                     )
                 )
-        return PodDevices(namespace=namespace, pod=pod, containers=containers)
+        return PodDevices(
+            namespace=namespace, pod=pod, node=self.settings.node_name, containers=containers
+        )
 
     def namespace_mounts(self, namespace: str) -> list[PodDevices]:
+        return self.all_mounts(namespace).get(namespace, [])
+
+    def all_mounts(self, namespace: str | None = None) -> dict[str, list[PodDevices]]:
+        """Namespace to the mounts of each of its pods on this node (one namespace's when
+        `namespace` is given); pods that are gone already are left out."""
         pods = sorted(
             {
-                d.metadata["pod"]
+                (d.metadata["namespace"], d.metadata["pod"])
                 for r in self.engine.ledger.records()
                 for d in r.devices.values()
-                if d.metadata.get("namespace") == namespace and d.metadata.get("pod")
+                if d.metadata.get("pod") and d.metadata.get("namespace")
+                if namespace is None or d.metadata["namespace"] == namespace
             }
         )
-        out = []
-        for pod in pods:
+        out: dict[str, list[PodDevices]] = {}
+        for pod_namespace, pod in pods:
             try:
-                out.append(self.pod_devices(namespace, pod))
+                out.setdefault(pod_namespace, []).append(self.pod_devices(pod_namespace, pod))
             except PodNotFound:
                 continue
         return out
@@ -195,6 +203,8 @@ class Listing:
             idle_timeout=idle.format_duration(timeout) if timeout is not None else None,
             idle_seconds=int(idle_for) if idle_for is not None else None,
             pin=pin_of(entry.metadata),
+            holder=None if pin_of(entry.metadata) else entry.metadata.get("holder"),
+            mounted_at=entry.mounted_at,
         )
 
     def mount_samples(self) -> list[MountSample]:

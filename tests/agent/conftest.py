@@ -70,14 +70,17 @@ class AggregatedAgent:
 
 
 class Cluster:
-    def __init__(self, workdir: Path, rootfs: Path, cdi_dir: Path) -> None:
+    def __init__(self, workdir: Path, rootfs: Path, cdi_dir: Path, tls: bool = False) -> None:
+        """`tls`: the API server serves HTTPS (kubectl sends no token over plain HTTP)."""
         self.workdir, self.rootfs, self.cdi_dir = workdir, rootfs, cdi_dir
         self._pki_count = itertools.count()
         self.kubelets = {node: FakePodResourcesServer().start() for node in ("node-a", "node-b")}
-        self.kube = FakeKubeApiServer(
-            nodes={"node-a": [g.uuid for g in GPUS], "node-b": []},
-            podresources=self.kubelets,
-        ).start()
+        options: dict[str, Any] = {
+            "nodes": {"node-a": [g.uuid for g in GPUS], "node-b": []},
+            "podresources": self.kubelets,
+        }
+        made = FakeKubeApiServer.with_tls(workdir / "kube-pki", **options) if tls else None
+        self.kube = (made or FakeKubeApiServer(**options)).start()
         self.kube.add_token(AGENT_TOKEN, AGENT_USER, ["system:serviceaccounts"])
         self.kube.allow_auth_delegation(AGENT_USER)
         for resource in ("pods", "events", "configmaps", "nodes"):
@@ -199,7 +202,9 @@ class Cluster:
     def api(self, token: str | None = None) -> httpx.Client:
         """A client of the (fake) API server, with `token` as its bearer credential."""
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.kube.url, headers=headers, timeout=60)
+        ca = self.kube.ca
+        verify = ssl.create_default_context(cafile=str(ca.cert_path)) if ca else True
+        return httpx.Client(base_url=self.kube.url, headers=headers, timeout=60, verify=verify)
 
     def events(self, reason: str) -> list[dict[str, Any]]:
         return [e for e in self.kube.events() if e.get("reason") == reason]

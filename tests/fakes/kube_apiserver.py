@@ -21,6 +21,9 @@ What it serves, and why each piece exists (see DESIGN.md, "Kubernetes" and
 - knobs for attacks: ``stall()`` holds matching requests unanswered (a slow or hung
   API server, on the real wire) until released; ``reviews()`` lists the TokenReview
   and SubjectAccessReview bodies received, to count them or read what was asked;
+- legacy discovery (``/api``, ``/api/v1``, ``/apis``, open to every authenticated user as
+  kube-apiserver's ``system:discovery`` role makes it) naming what this fake serves, so
+  that a real ``kubectl`` finds its way to the aggregated group;
 - the aggregated-API front proxy for ``/apis/hotmount.io/``: forwards with
   ``X-Remote-User``/``X-Remote-Group``/``X-Remote-Extra-*`` over TLS presenting a
   front-proxy client certificate, with ``Authorization`` stripped.
@@ -89,6 +92,7 @@ _CORE_VERBS: dict[str, set[str]] = {
     "nodes": {"get", "list"},
 }
 DRA_GROUP = "resource.k8s.io"
+_JSON = "application/json"
 _DRA: dict[str, tuple[str, str, bool]] = {
     "resourceclaims": ("ResourceClaim", "ResourceClaimList", True),
     "resourceslices": ("ResourceSlice", "ResourceSliceList", False),
@@ -857,6 +861,8 @@ class FakeKubeApiServer:
         )
         if req.api_group == PROXY_GROUP:
             return self._proxy(h, user, req, raw)
+        if h.command == "GET" and url.path.rstrip("/") in ("/api", "/api/v1", "/apis"):
+            return 200, json.dumps(self._discovery(url.path.rstrip("/"))).encode(), _JSON
         with self._lock:
             stalls = [s for s in self._stalls if s.matches(req)]
         for stall in stalls:
@@ -1075,6 +1081,29 @@ class FakeKubeApiServer:
             "spec": spec,
             "status": {"allowed": allowed, "reason": reason},
         }
+
+    # -- discovery ----------------------------------------------------------------------------
+    def _discovery(self, path: str) -> Obj:
+        """The legacy discovery documents (kubectl falls back to them from aggregated
+        discovery): core v1's resources and the aggregated group, what kubectl needs to
+        reach it. The other groups are left out: their version documents are not served."""
+        if path == "/api":
+            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+        if path == "/api/v1":
+            return {
+                "kind": "APIResourceList",
+                "groupVersion": "v1",
+                "resources": [
+                    {"name": name, "singularName": "", "namespaced": namespaced, "kind": kind,
+                     "verbs": sorted(_CORE_VERBS[name])}
+                    for name, (kind, _, namespaced) in _CORE.items()
+                ],
+            }  # fmt: skip
+        with self._lock:
+            proxied = self._front_proxy is not None
+        gv = {"groupVersion": f"{PROXY_GROUP}/v1alpha1", "version": "v1alpha1"}
+        group = {"name": PROXY_GROUP, "versions": [gv], "preferredVersion": gv}
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group] if proxied else []}
 
     # -- aggregated API front proxy ---------------------------------------------------------
     def _proxy(
