@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agent import flags
+from agent import flags, rdma_resources
 from agent.idle import format_duration, parse_duration
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS
 from hotmount.engine import DEFAULT_STATE_DIR
@@ -86,6 +86,24 @@ class AgentSettings(BaseSettings):
         default=DEFAULT_PODRESOURCES_SOCKET, description="the kubelet's PodResources socket"
     )
     gpu_resource: str = Field(default="nvidia.com/gpu", description="extended resource name")
+    rdma_resource: list[str] = Field(
+        default=[],
+        description=(
+            "a device plugin resource whose IDs are RDMA NICs' PCI addresses (an SR-IOV "
+            "network device plugin pool): an ID that names no RDMA device refuses every "
+            "RDMA mount until it does (PCI addresses of any resource map without this)"
+        ),
+        json_schema_extra={"metavar": "RESOURCE"},
+    )
+    rdma_shared_resource: list[str] = Field(
+        default=[],
+        description=(
+            "a k8s-rdma-shared-dev-plugin resource, RESOURCE or RESOURCE=DEV,... (DEV: "
+            "rdma/mlx5_0, a PCI address or an interface): its HCAs (default: every RDMA "
+            "device) are mounted only into pods the kubelet gave that resource"
+        ),
+        json_schema_extra={"metavar": "RESOURCE"},
+    )
     holder_image: str = Field(
         default="registry.k8s.io/pause:3.9", description="image of the holder and pin pods"
     )
@@ -190,6 +208,18 @@ class AgentSettings(BaseSettings):
             host, _, port = value.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"{value}: expected HOST:PORT or unix:PATH")
+        return values
+
+    @field_validator("rdma_resource")
+    @classmethod
+    def _rdma_resource(cls, values: list[str]) -> list[str]:
+        return [rdma_resources.check_resource(v.strip()) for v in values]
+
+    @field_validator("rdma_shared_resource")
+    @classmethod
+    def _rdma_shared_resource(cls, values: list[str]) -> list[str]:
+        for value in values:
+            rdma_resources.parse_shared(value)
         return values
 
     @field_validator("idle_timeout")

@@ -96,6 +96,8 @@ class DoubleBookings:
         if not holds:
             return []
         inventory = self.engine.inventory
+        # A shared RDMA resource's pods all hold its HCAs: one of them is no double booking.
+        sharing = {(h.allocation.resource_name, h.pod) for h in holds if h.shared}
         pods: dict[tuple[str, str], PodInfo | None] = {}
         found = []
         for record in self.engine.ledger.records():
@@ -110,6 +112,10 @@ class DoubleBookings:
                 for hold in holds:
                     owner = (hold.allocation.pod_namespace, hold.allocation.pod_name)
                     if "/".join(owner) in ours or not hold.footprint.overlaps(footprint):
+                        continue
+                    if hold.shared and any(
+                        (hold.allocation.resource_name, p) in sharing for p in ours
+                    ):
                         continue
                     if owner == (namespace, meta.get("holder")):
                         continue  # its own pin or count holder

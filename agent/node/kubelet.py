@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from agent import rdma_resources
 from agent.config import AgentSettings
 from agent.errors import AllocatedToPod, ApiError, UpstreamError
 from agent.kube.client import KubeClient, PodInfo
@@ -22,6 +23,7 @@ from agent.schemas import DeviceHolder
 from hotmount import claims
 from hotmount import engine as eng
 from hotmount.claims import Claim, Footprint
+from hotmount.devices import rdma
 from hotmount.devices.model import Device
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,11 @@ class KubeletHold:
     allocation: Allocation
     device_id: str
     footprint: Footprint
+    shared: bool = False  # a shared RDMA resource's: every pod given it holds its HCAs
+
+    @property
+    def pod(self) -> str:
+        return f"{self.allocation.pod_namespace}/{self.allocation.pod_name}"
 
     def holder(self) -> DeviceHolder:
         a = self.allocation
@@ -59,6 +66,14 @@ class KubeletHold:
 
 
 @dataclass(frozen=True)
+class UnmappedId:
+    """An ID of an `--rdma-resource` the inventory cannot name: it could be any RDMA NIC."""
+
+    allocation: Allocation
+    device_id: str
+
+
+@dataclass(frozen=True)
 class KubeletBooks:
     settings: AgentSettings
     engine: eng.Engine
@@ -68,11 +83,16 @@ class KubeletBooks:
 
     def holds(self, strict: bool = False) -> list[KubeletHold]:
         """What the kubelet gave each pod, as physical devices: an ID of any form (UUID,
-        `UUID::n`, MIG UUID, index, CDI name) maps through the inventory. Empty without
-        PodResources; an ID the inventory does not know is skipped. `strict`: a
-        PodResources failure is an error (a check must fail closed, not read as free)."""
+        `UUID::n`, MIG UUID, index, CDI name, PCI address) maps through the inventory;
+        a shared RDMA resource holds every HCA it covers. Empty without PodResources; an
+        ID the inventory does not know is skipped. `strict`: a PodResources failure is an
+        error (a check must fail closed, not read as free)."""
+        return self._books(strict)[0]
+
+    def _books(self, strict: bool) -> tuple[list[KubeletHold], list[UnmappedId]]:
+        """The holds, and the `--rdma-resource` IDs that map to no RDMA device."""
         if self.podresources is None:
-            return []
+            return [], []
         try:
             allocations = self.podresources.list_allocations()
         except PodResourcesError as exc:
@@ -82,18 +102,44 @@ class KubeletBooks:
                     "cannot be checked; retry, or pass force to mount anyway"
                 ) from exc
             log.warning("PodResources unavailable: %s", exc)
-            return []
-        holds = []
+            return [], []
+        inventory = self.engine.inventory
+        shared = self._shared_coverage()
+        rdma_pools = set(self.settings.rdma_resource)
+        holds: list[KubeletHold] = []
+        unmapped: list[UnmappedId] = []
         for allocation in allocations:
+            resource = allocation.resource_name
+            if resource in shared:
+                # Its IDs are tokens ("0".."N-1"), not devices: the allocation holds them all.
+                held = f"{resource} (shared)"
+                holds += [
+                    KubeletHold(allocation, held, inventory.footprint(d), shared=True)
+                    for d in shared[resource]
+                ]
+                continue
             for device_id in allocation.device_ids:
-                device = self.engine.inventory.kubelet_device(device_id)
+                if resource in rdma_pools:
+                    device = rdma_resources.rdma_device(device_id, inventory)
+                    if device is None:
+                        unmapped.append(UnmappedId(allocation, device_id))
+                        continue
+                else:
+                    device = inventory.kubelet_device(device_id)
                 if device is None:
                     log.debug("kubelet device %s is not in the inventory", device_id)
                     continue
-                holds.append(
-                    KubeletHold(allocation, device_id, self.engine.inventory.footprint(device))
-                )
-        return holds + self._claim_holds(strict)
+                holds.append(KubeletHold(allocation, device_id, inventory.footprint(device)))
+        return holds + self._claim_holds(strict), unmapped
+
+    def _shared_coverage(self) -> dict[str, list[Device]]:
+        """Each `--rdma-shared-resource` and the RDMA devices it gives its pods."""
+        inventory = self.engine.inventory
+        out: dict[str, list[Device]] = {}
+        for value in self.settings.rdma_shared_resource:
+            shared = rdma_resources.parse_shared(value)
+            out[shared.name] = rdma_resources.covered(shared, inventory)
+        return out
 
     def _claim_holds(self, strict: bool) -> list[KubeletHold]:
         """DRA: the devices the kubelet prepared for pods' ResourceClaims, by the slice
@@ -131,11 +177,21 @@ class KubeletBooks:
         self, devices: list[Device], target: PodInfo, share: str | None = None
     ) -> None:
         """409 for a device whose physical GPU the kubelet gave another running pod, under
-        any name; the pod named in `shareWith` (or its sharing circle) is no obstacle."""
-        holds = self.holds(strict=True)
+        any name; the pod named in `shareWith` (or its sharing circle) is no obstacle. An
+        RDMA device is also refused while an `--rdma-resource` ID maps to none (it could be
+        this one), and where a shared RDMA resource covers it, unless this pod (or the one
+        it shares with) was given that resource."""
+        holds, unmapped = self._books(strict=True)
+        group = f"{target.namespace}/{target.name}"
+        nics = [d for d in devices if rdma.is_rdma(d)]
+        if nics and unmapped:
+            raise _unmapped_error(nics, unmapped)
+        shared = self._shared_coverage()
+        if nics and shared:
+            self._refuse_shared(nics, shared, holds, {group, *([share] if share else [])})
+        holds = [h for h in holds if not h.shared]
         if not holds:
             return
-        group = f"{target.namespace}/{target.name}"
         held = [*self.engine.ledger.claims(), *(h.claim() for h in holds)]
         for device in devices:
             new = Claim("", device.key, group, self.engine.inventory.footprint(device))
@@ -162,6 +218,28 @@ class KubeletBooks:
                         "pod": owner[1],
                         "holders": [{**dict(blocker.holder), "device": blocker.device}],
                     },
+                )
+
+    def _refuse_shared(
+        self,
+        nics: list[Device],
+        shared: dict[str, list[Device]],
+        holds: list[KubeletHold],
+        mine: set[str],
+    ) -> None:
+        """A shared resource holds its HCAs as a whole: they go to its own pods only."""
+        given = {h.allocation.resource_name for h in holds if h.pod in mine}
+        for device in nics:
+            for resource, covered in shared.items():
+                if resource in given or device.key not in {d.key for d in covered}:
+                    continue
+                users = sorted({h.pod for h in holds if h.allocation.resource_name == resource})
+                raise AllocatedToPod(
+                    f"device {device_label(device)} is an HCA of the shared RDMA resource "
+                    f"{resource}, which holds it for the pods the kubelet gives {resource} "
+                    f"(now: {', '.join(users) or 'none'}); request {resource} in the pod's "
+                    "resources, or pass force to mount it anyway",
+                    {"resource": resource, "pods": users},
                 )
 
     def holder_devices(self, namespace: str, name: str) -> list[str]:
@@ -211,3 +289,22 @@ class KubeletBooks:
             return self.podresources.list_allocations()
         except PodResourcesError as exc:
             raise UpstreamError(f"PodResources: {exc}") from exc
+
+
+def _unmapped_error(nics: list[Device], unmapped: list[UnmappedId]) -> AllocatedToPod:
+    """Fail closed: an ID of an RDMA pool that names no RDMA device could be any of them."""
+    first = unmapped[0]
+    a = first.allocation
+    return AllocatedToPod(
+        f"the kubelet gave pod {a.pod_namespace}/{a.pod_name} device ID {first.device_id!r} "
+        f"of RDMA resource {a.resource_name}, which names no RDMA device of this node's "
+        f"inventory, so it may be {device_label(nics[0])}: RDMA devices are refused until "
+        "every ID of that resource maps (a PCI address of an RDMA function; check "
+        "--rdma-resource and the plugin's config), or pass force to mount anyway",
+        {
+            "namespace": a.pod_namespace,
+            "pod": a.pod_name,
+            "resource": a.resource_name,
+            "unmapped": [u.device_id for u in unmapped],
+        },
+    )

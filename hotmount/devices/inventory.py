@@ -60,11 +60,17 @@ class Inventory:
         self.devices = fold_aliases(self.devices)
         self._by_name: dict[str, Device] = {}
         self._by_cdi_name: dict[str, Device] = {}
+        # A PCI function -> its device: GPUs and RDMA NICs come first in `devices`, so a
+        # CDI device placed at the same function never shadows them.
+        self._by_pci: dict[str, Device] = {}
         for device in self.devices:
             for name in (device.key, *device.aliases):
                 self._by_name.setdefault(name, device)
                 if _CDI.match(name):
                     self._by_cdi_name.setdefault(name.partition("=")[2], device)
+            address = self._pci_address(device)
+            if address is not None:
+                self._by_pci.setdefault(address, device)
         self._ignore = claims.CONTROL_NUMBERS | {
             (n.major, n.minor)
             for d in self.devices
@@ -72,6 +78,14 @@ class Inventory:
             if n in d.shared_nodes or n.path == rdma.RDMA_CM_PATH
         }
         self._footprints = {d.key: claims.footprint(d, self._ignore) for d in self.devices}
+
+    def _pci_address(self, device: Device) -> str | None:
+        """The PCI function a device is (a MIG instance is only part of one: None)."""
+        if device.kind is DeviceKind.MIG:
+            return None
+        location = self.locations.get(device.key)
+        place = device.pci_bus_id or (location.bus_id if location else None)
+        return topology.pci_address(place) if place else None
 
     @classmethod
     def load(
@@ -185,9 +199,23 @@ class Inventory:
     def kubelet_device(self, device_id: str) -> Device | None:
         """The device behind an ID the kubelet reports, whatever its form: a UUID, a
         time-sliced replica `UUID::n`, a MIG UUID, an index (device-id-strategy=index),
-        or a CDI name, fully qualified or bare (`MIG-<uuid>` as nvidia-ctk names it)."""
+        a CDI name, fully qualified or bare (`MIG-<uuid>` as nvidia-ctk names it), or a
+        PCI address (see `pci_device`)."""
         base = device_id.partition("::")[0]
-        return self._by_name.get(base) or self._by_cdi_name.get(base)
+        return self._by_name.get(base) or self._by_cdi_name.get(base) or self.pci_device(base)
+
+    def pci_device(self, device_id: str) -> Device | None:
+        """The device at the PCI function `device_id` names, or None.
+
+        The SR-IOV network device plugin (k8snetworkplumbingwg/sriov-network-device-plugin)
+        advertises each device of a pool by its PCI address: a VF's (`0000:3b:00.2`), or
+        a PF's where the pool's selectors pick PFs (`pfNames`, `rootDevices`, `isRdma`).
+        An RDMA NIC's place is that function's, read from the host's sysfs when the
+        inventory was loaded (`/sys/class/infiniband/<dev>/device`, never a container's
+        path), so the ID maps to the verbs device of exactly that function.
+        """
+        address = topology.pci_address(device_id)
+        return self._by_pci.get(address) if address is not None else None
 
 
 def fold_aliases(devices: list[Device]) -> list[Device]:

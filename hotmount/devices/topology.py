@@ -28,6 +28,19 @@ _PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 
 
+def pci_address(text: str) -> str | None:
+    """`text` as a canonical PCI address (`0000:3b:00.2`), or None if it is not one.
+
+    NVML writes an 8-digit domain (`00000000:3B:00.0`), sysfs and the SR-IOV network
+    device plugin a 4-digit one (`0000:3b:00.2`): both name the same function.
+    """
+    lowered = text.strip().lower()
+    if not _PCI_ADDRESS.match(lowered):
+        return None
+    domain, _, rest = lowered.partition(":")
+    return f"{int(domain, 16):04x}:{rest}"
+
+
 class Level(IntEnum):
     """How far apart two devices are: lower is nearer."""
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from agent.config import AgentSettings, load_settings
 
@@ -80,3 +81,15 @@ def test_a_bad_flag_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exit_:
         load_settings(["--no-such-flag"])
     assert exit_.value.code == 2
+
+
+def test_rdma_resources_are_checked_at_start() -> None:
+    settings = load_settings(
+        ["--rdma-resource", "nvidia.com/sriov_rdma_vf",
+         "--rdma-shared-resource", "rdma/hca_shared_devices_a=ens1f0,ens2f0"]
+    )  # fmt: skip
+    assert settings.rdma_resource == ["nvidia.com/sriov_rdma_vf"]
+    assert settings.rdma_shared_resource == ["rdma/hca_shared_devices_a=ens1f0,ens2f0"]
+    for bad in (["--rdma-resource", "sriov"], ["--rdma-shared-resource", "rdma/a=,"]):
+        with pytest.raises(ValidationError):
+            load_settings(bad)

@@ -6,12 +6,22 @@ from pathlib import Path
 
 import pytest
 
+from agent import rdma_resources
 from hotmount import claims
 from hotmount.devices.inventory import Inventory
 from hotmount.devices.model import DeviceKind, DeviceNode
+from hotmount.devices.topology import pci_address
 from hotmount.errors import DeviceNotFound, InvalidDeviceRef
 from hotmount.hostfs import HostRoot
-from tests.support.sysfs import NICS, RDMA_CM, UVERBS_MAJOR, add_char_device, build_sysfs
+from tests.support.sysfs import (
+    NICS,
+    RDMA_CM,
+    UVERBS_MAJOR,
+    FixtureNic,
+    add_char_device,
+    add_nic,
+    build_sysfs,
+)
 from tests.unit.hosttree import BY_INDEX, build_host
 
 CM = DeviceNode("/dev/infiniband/rdma_cm", *RDMA_CM)
@@ -128,3 +138,49 @@ def test_a_verbs_device_without_uverbs_is_left_out(tmp_path: Path) -> None:
     (root / "sys/class/infiniband/mlx5_9").mkdir(parents=True)  # no device link
     keys = [d.key for d in load(root).rdma_devices()]
     assert keys == ["rdma/mlx5_0"]
+
+
+def test_a_pci_address_maps_to_the_verbs_device_of_that_function(tmp_path: Path) -> None:
+    """The SR-IOV network device plugin's IDs: a PF's or a VF's PCI address."""
+    vf = FixtureNic(
+        "mlx5_3", (*NICS[0].path[:-1], "0000:19:00.2"), 0, 3, "ens1f0v0"
+    )  # a VF beside its PF
+    root = build_sysfs(build_host(tmp_path))
+    add_nic(root, vf)
+    inventory = load(root)
+    assert inventory.kubelet_device("0000:19:00.0").key == "rdma/mlx5_0"  # the PF
+    assert inventory.kubelet_device("0000:19:00.2").key == "rdma/mlx5_3"  # its VF
+    assert inventory.pci_device("0000:C1:00.0").key == "rdma/mlx5_1"  # case and domain
+    assert inventory.pci_device("00000000:c1:00.0").key == "rdma/mlx5_1"  # width do not count
+    assert inventory.kubelet_device("0000:18:00.0").key == BY_INDEX[0].uuid  # a GPU's too
+    for nothing in ("0000:19:00.1", "0000:19:00.9", "19:00.0", "mlx5_0", "0"):
+        assert inventory.pci_device(nothing) is None
+
+
+def test_pci_address_forms() -> None:
+    assert pci_address("00000000:3B:00.2") == "0000:3b:00.2"
+    assert pci_address(" 0001:c1:1f.7 ") == "0001:c1:1f.7"
+    for bad in ("0000:3b:00", "3b:00.2", "0000:3b:00.8", "0000:3b:00.2/..", ""):
+        assert pci_address(bad) is None
+
+
+def test_shared_resources_parse_and_cover(inventory: Inventory) -> None:
+    """The RDMA shared device plugin's resource: the HCAs it gives, by the names its
+    config uses (ifNames), a PCI address or rdma/<name>; fail closed where unknown."""
+    every = sorted(d.key for d in inventory.rdma_devices())
+    cases = {
+        "rdma/hca_shared_devices_a": every,
+        "rdma/hca_shared_devices_a=ens2f0": ["rdma/mlx5_1"],
+        "rdma/a=rdma/mlx5_0, 0000:41:00.0": ["rdma/mlx5_0", "rdma/mlx5_2"],
+        "rdma/a=ens2f0,ens9f9": every,  # one the node lacks: it could be any
+        "rdma/a=0": every,  # never a GPU index
+    }
+    for value, keys in cases.items():
+        shared = rdma_resources.parse_shared(value)
+        assert sorted(d.key for d in rdma_resources.covered(shared, inventory)) == keys, value
+    for bad in ("rdma", "rdma/a=", "rdma/a=x,,y", "rdma/a=../../x y", "/a", "a/"):
+        with pytest.raises(ValueError):
+            rdma_resources.parse_shared(bad)
+    assert rdma_resources.rdma_device("0", inventory) is None  # an RDMA pool's ID, not GPU 0
+    assert rdma_resources.rdma_device("0000:18:00.0", inventory) is None  # a GPU's function
+    assert rdma_resources.rdma_device("0000:19:00.0", inventory).key == "rdma/mlx5_0"
