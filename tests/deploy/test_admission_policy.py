@@ -753,6 +753,14 @@ def test_the_clusters_default_priority_class_must_be_listed():
     )
 
 
+def test_what_a_namespaces_limit_range_adds_is_admitted():
+    """LimitRanger fills in defaults (ephemeral-storage among them) before validation."""
+    pod = as_admitted(holder_manifest())
+    for kind in ("limits", "requests"):
+        pod["spec"]["containers"][0]["resources"][kind]["ephemeral-storage"] = "1Gi"
+    assert create(pod) == []
+
+
 # -- the allow-list covers the whole Pod schema -----------------------------------------------
 
 # Every PodSpec and Container field the policy admits, and why; every other field is refused
