@@ -109,7 +109,17 @@ class AgentSettings(BaseSettings):
     )
     holder_priority_class: str | None = Field(
         default=None,
-        description="priority class of the holder and pin pods (default: the target pod's)",
+        description="priority class of the holder and pin pods whose target's class is not "
+        "one of --holder-priority-classes (default: none)",
+    )
+    holder_priority_classes: list[str] = Field(
+        default=[],
+        description="priority classes a holder or pin may take from its target pod, as the "
+        "admission policy allows (default: none)",
+        json_schema_extra={"metavar": "CLASS"},
+    )
+    holder_runtime_class: str | None = Field(
+        default=None, description="runtime class of the holder and pin pods (default: none)"
     )
     on_double_booking: Literal["take-back", "warn"] = Field(
         default="take-back",

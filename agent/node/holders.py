@@ -54,6 +54,20 @@ class Role(StrEnum):
     PIN = "pin"
 
 
+def holder_priority_class(settings: AgentSettings, target: PodInfo) -> str | None:
+    """The target's own class where the operator allows it, else the fallback, else none.
+
+    A pin of lower priority than its pod could be preempted by any GPU pod, and reconcile
+    would then take the GPU back from the tenant; but the admission policy refuses every
+    class not listed (one could preempt anything), so an unlisted class is never sent.
+    """
+    fallback = settings.holder_priority_class
+    allowed = {*settings.holder_priority_classes, *([fallback] if fallback else [])}
+    if target.priority_class_name in allowed:
+        return target.priority_class_name
+    return fallback
+
+
 def holder_manifest(
     settings: AgentSettings,
     target: PodInfo,
@@ -100,12 +114,11 @@ def holder_manifest(
             }
         ],
     }
-    # The chart's class if it sets one, else the target's own: a pin of lower priority
-    # than its pod could be preempted by any GPU pod, and reconcile would then take the
-    # GPU back from the tenant.
-    priority_class = settings.holder_priority_class or target.priority_class_name
+    priority_class = holder_priority_class(settings, target)
     if priority_class:
         spec["priorityClassName"] = priority_class
+    if settings.holder_runtime_class:
+        spec["runtimeClassName"] = settings.holder_runtime_class
     metadata: dict[str, object] = {
         "name": name,
         "namespace": target.namespace,

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from agent.config import AgentSettings
 from agent.errors import QuotaExceeded, Unschedulable, UpstreamError
@@ -30,7 +31,15 @@ from agent.kube.client import KubeClient, PodInfo, owner_reference
 from agent.kube.dra import ResourceApi
 from agent.node import dra
 from agent.node.accounting import Accounting, Books, Management
-from agent.node.holders import HOLDER_LABEL, ROLE_LABEL, Holder, HolderPods, Role, holder_manifest
+from agent.node.holders import (
+    HOLDER_LABEL,
+    MANAGED_BY,
+    ROLE_LABEL,
+    Holder,
+    HolderPods,
+    Role,
+    holder_manifest,
+)
 from agent.node.kubelet import KubeletBooks
 from agent.node.results import device_label, require_kube
 from hotmount import claims
@@ -51,6 +60,19 @@ def pin_metadata(pin: Holder) -> dict[str, str]:
 def pin_of(metadata: dict[str, str]) -> str | None:
     """The pin a ledger entry names (None for a count holder or no holder)."""
     return metadata.get("holder") if metadata.get(HOLDER_KIND) == Role.PIN else None
+
+
+def pin_claim_manifest(target: PodInfo, name: str, uuid: str, *, mig: bool) -> dict[str, Any]:
+    """The ResourceClaim a pin holds its GPU through under DRA, labelled and owned like the
+    pin itself (the admission policy admits only that shape)."""
+    return dra.claim_manifest(
+        target.namespace,
+        name,
+        uuid,
+        mig=mig,
+        labels={MANAGED_BY[0]: MANAGED_BY[1], HOLDER_LABEL: target.name, ROLE_LABEL: str(Role.PIN)},
+        owner=owner_reference(target),
+    )
 
 
 @dataclass(frozen=True)
@@ -273,14 +295,7 @@ class Pins:
             raise UpstreamError(f"device {device_label(device)} is DRA's, and has no UUID to claim")
         namespace = target.namespace
         name = self.holders.new_name(target, Role.PIN)
-        claim = dra.claim_manifest(
-            namespace,
-            name,
-            device.uuid,
-            mig=device.kind is DeviceKind.MIG,
-            labels={HOLDER_LABEL: target.name, ROLE_LABEL: str(Role.PIN)},
-            owner=owner_reference(target),
-        )
+        claim = pin_claim_manifest(target, name, device.uuid, mig=device.kind is DeviceKind.MIG)
         with self.holders.in_flight(namespace, [name]):
             try:
                 self.resources.create_claim(namespace, claim)

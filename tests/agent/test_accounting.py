@@ -138,7 +138,7 @@ def test_pins_are_guaranteed_at_the_targets_priority_and_pinned_by_node_name(
     assert pod is not None
     pod["spec"]["priorityClassName"] = "research-high"
     cluster.kube.put_pod(pod)
-    agent = cluster.agent()
+    agent = cluster.agent(extra=["--holder-priority-classes", "research-high"])
     assert mount(agent, "nb", devices=["0"]).status_code == 200
     [pin] = pins_of(cluster, "nb")
     spec = pin["spec"]
@@ -152,6 +152,23 @@ def test_pins_are_guaranteed_at_the_targets_priority_and_pinned_by_node_name(
     assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]
     [owner] = pin["metadata"]["ownerReferences"]
     assert (owner["name"], owner["uid"]) == ("nb", pod["metadata"]["uid"])
+
+
+def test_a_pin_never_takes_a_priority_class_the_admission_policy_refuses(
+    cluster: Cluster,
+) -> None:
+    """The target's class is not among --holder-priority-classes and there is no fallback
+    (--holder-priority-class): the pin has no class, never the target's (the admission
+    policy would refuse it, and a class such as this one could preempt any pod)."""
+    cluster.pod("nb")
+    pod = cluster.kube.pod("default", "nb")
+    assert pod is not None
+    pod["spec"]["priorityClassName"] = "system-node-critical"
+    cluster.kube.put_pod(pod)
+    agent = cluster.agent(extra=["--holder-priority-classes", "research-high"])
+    assert mount(agent, "nb", devices=["0"]).status_code == 200
+    [pin] = pins_of(cluster, "nb")
+    assert "priorityClassName" not in pin["spec"]
 
 
 def test_a_double_booked_gpu_is_reported_on_both_pods_and_taken_back(cluster: Cluster) -> None:

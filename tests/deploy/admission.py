@@ -43,13 +43,18 @@ def _cel(value: Any) -> Any:
 
 
 def admission_request(
-    operation: str, username: str, obj: Obj | None, old: Obj | None = None
+    operation: str,
+    username: str,
+    obj: Obj | None,
+    old: Obj | None = None,
+    resource: tuple[str, str, str] = ("", "v1", "pods"),
 ) -> dict[str, Any]:
+    group, version, plural = resource
     return {
         "request": {
             "operation": operation,
             "userInfo": {"username": username, "groups": ["system:serviceaccounts"]},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "resource": {"group": group, "version": version, "resource": plural},
             "subResource": "",
         },
         "object": obj,
@@ -94,29 +99,46 @@ def denials(policy: Obj, review: dict[str, Any], resource: str = "pods") -> list
 
 # -- field paths against the Pod's schema --------------------------------------------------
 
-# Names bound by the expressions' macros, and the model each ranges over.
-_ROOTS = {
-    "object": client.V1Pod,
-    "oldObject": client.V1Pod,
-    "variables.pod": client.V1Pod,
+# Names bound by the expressions' macros, and the model each ranges over, per resource.
+_MACRO_ROOTS = {
     "c": client.V1Container,
+    "e": client.V1EnvVar,
+    "x": client.CoreV1ResourceClaim,
+    "rc": client.V1PodResourceClaim,
     "r": client.V1OwnerReference,
     "p": client.V1ContainerPort,
+    "q": client.V1DeviceRequest,
+    "s": client.V1DeviceSelector,
+}
+_ROOTS = {
+    "pods": {"object": client.V1Pod, "oldObject": client.V1Pod, "variables.pod": client.V1Pod},
+    "resourceclaims": {
+        "object": client.ResourceV1ResourceClaim,
+        "oldObject": client.ResourceV1ResourceClaim,
+        "variables.claim": client.ResourceV1ResourceClaim,
+    },
 }
 _REQUEST_FIELDS = {"operation", "userInfo", "username"}
-_PATH = re.compile(r"(?<![\w.'])(object|oldObject|variables\.pod|c|r|p|request)((?:\.\w+)+)")
-_METHODS = {"size", "all", "exists", "exists_one", "map", "filter"}
+_PATH = re.compile(
+    r"(?<![\w.'])(object|oldObject|variables\.pod|variables\.claim|c|e|x|rc|r|p|q|s|request)"
+    r"((?:\.\w+)+)"
+)
+_METHODS = {"size", "all", "exists", "exists_one", "map", "filter", "startsWith", "matches"}
 
 
-def unknown_fields(expression: str) -> list[str]:
-    """Field paths in `expression` that the Pod schema does not have."""
+def unknown_fields(expression: str, resource: str = "pods") -> list[str]:
+    """Field paths in `expression` that the resource's schema does not have."""
+    roots: dict[str, Any] = {**_ROOTS[resource], **_MACRO_ROOTS}
     unknown = []
     for root, rest in _PATH.findall(expression):
         parts = rest.strip(".").split(".")
         if root == "request":
             unknown += [f"request.{p}" for p in parts if p not in _REQUEST_FIELDS]
             continue
-        model: Any = _ROOTS[root]
+        if root not in roots:
+            unknown.append(f"{root}{rest}: {root} is not bound for {resource}")
+            continue
+        model: Any = roots[root]
         for part in parts:
             if part in _METHODS:
                 break

@@ -1,9 +1,11 @@
-"""The ValidatingAdmissionPolicy confines the agent's ServiceAccount to holder pods.
+"""The ValidatingAdmissionPolicies confine the agent's ServiceAccount to holder pods.
 
-The policy's CEL is evaluated (tests/deploy/admission.py) against the very manifests
-the agent builds (agent.node.holders.holder_manifest), as the API server would see them after
-its defaulting and the ServiceAccount admission plugin, and against hostile pods that
-differ from a holder in one way each.
+The policies are an allow-list. Their CEL is evaluated (tests/deploy/admission.py) against
+the very manifests the agent builds (holder_manifest, with_claim, pin_claim_manifest) in
+every configuration the chart offers, as the API server would see them after its
+defaulting and the ServiceAccount and Priority admission plugins, and against hostile
+objects that differ from those in one way each. Kubernetes 1.20 (the real-node tier,
+tests/k8s) has no ValidatingAdmissionPolicy, so this harness is the proof.
 """
 
 from __future__ import annotations
@@ -12,16 +14,21 @@ import copy
 import subprocess
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import celpy
 import pytest
+import yaml
+from kubernetes import client
 
 from agent.config import load_settings
 from agent.kube.client import PodInfo
-from agent.node.dra import with_claim
-from agent.node.holders import Role
+from agent.node.dra import GPU_CLASS, MIG_CLASS, with_claim
+from agent.node.holders import Role, holder_priority_class
 from agent.node.holders import holder_manifest as agent_holder_manifest
+from agent.node.pins import pin_claim_manifest
 from tests.deploy.admission import admission_request, denials, unknown_fields
 from tests.deploy.support import (
     CHART,
@@ -37,8 +44,14 @@ from tests.deploy.support import (
 
 POLICY_FILE = KUBE / "08-admission-policy.yaml"
 STATIC = load_file(POLICY_FILE)
-POLICY = find(STATIC, "ValidatingAdmissionPolicy")
-BINDING = find(STATIC, "ValidatingAdmissionPolicyBinding")
+POLICY = find(STATIC, "ValidatingAdmissionPolicy", "gpu-hotmount-holder-pods")
+BINDING = find(STATIC, "ValidatingAdmissionPolicyBinding", "gpu-hotmount-holder-pods")
+CLAIM_POLICY = find(STATIC, "ValidatingAdmissionPolicy", "gpu-hotmount-pin-claims")
+CLAIM_BINDING = find(STATIC, "ValidatingAdmissionPolicyBinding", "gpu-hotmount-pin-claims")
+CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")
+GPU_UUID = "GPU-8f6f9c2e-3b1d-4c1e-9a51-0c4b1e2d3f4a"
+MIG_UUID = "MIG-5d3c1a2b-0e9f-4a8b-b7c6-d5e4f3a2b1c0"
+UUID_SELECTOR = f'device.attributes["gpu.nvidia.com"].uuid == "{GPU_UUID}"'
 AGENT = "system:serviceaccount:gpu-hotmount:gpu-hotmount"
 TARGET = PodInfo(
     namespace="team-a",
@@ -50,16 +63,20 @@ TARGET = PodInfo(
 )
 
 
+def static_argv() -> list[str]:
+    return agent_argv(find(load_file(KUBE / "05-daemonset.yaml"), "DaemonSet"))
+
+
 def holder_manifest(argv: list[str] | None = None, target: PodInfo = TARGET) -> Obj:
     """What the agent sends, with its settings from `argv` (the DaemonSet's by default)."""
-    if argv is None:
-        argv = agent_argv(find(load_file(KUBE / "05-daemonset.yaml"), "DaemonSet"))
-    settings = load_settings(argv)
+    settings = load_settings(static_argv() if argv is None else argv)
     return agent_holder_manifest(settings, target, "hotmount-holder-notebook-abc123", 1)
 
 
-def as_admitted(manifest: Obj) -> Obj:
-    """The pod as validating admission sees it: defaulted, ServiceAccount plugin applied."""
+def as_admitted(manifest: Obj, default_class: str | None = None) -> Obj:
+    """The pod as validating admission sees it: defaulted, ServiceAccount plugin applied,
+    and the Priority plugin, which gives a pod without a class the cluster's globalDefault
+    PriorityClass (`default_class`) and every pod its class's value."""
     pod = copy.deepcopy(manifest)
     spec = pod["spec"]
     spec.setdefault("serviceAccountName", "default")
@@ -67,42 +84,68 @@ def as_admitted(manifest: Obj) -> Obj:
     spec.setdefault("securityContext", {})
     spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("enableServiceLinks", True)
+    if default_class is not None:
+        spec.setdefault("priorityClassName", default_class)
+    spec["priority"] = 1000 if spec.get("priorityClassName") else 0
+    spec["preemptionPolicy"] = "PreemptLowerPriority"
     for container in spec["containers"]:
         container.setdefault("terminationMessagePath", "/dev/termination-log")
         container.setdefault("terminationMessagePolicy", "File")
+        container.setdefault("imagePullPolicy", "IfNotPresent")
     pod["metadata"].setdefault("uid", str(uuid.uuid4()))
     return pod
+
+
+def claim_as_admitted(manifest: Obj) -> Obj:
+    claim = copy.deepcopy(manifest)
+    claim["metadata"].setdefault("uid", str(uuid.uuid4()))
+    return claim
 
 
 def create(pod: Obj, user: str = AGENT, policy: Obj = POLICY) -> list[str]:
     return denials(policy, admission_request("CREATE", user, pod))
 
 
+def create_claim(claim: Obj, user: str = AGENT, policy: Obj = CLAIM_POLICY) -> list[str]:
+    review = admission_request("CREATE", user, claim, resource=CLAIMS)
+    return denials(policy, review, resource="resourceclaims")
+
+
 # -- structure ---------------------------------------------------------------------------
 
 
-def test_binding_denies_with_the_policy():
-    assert BINDING["spec"] == {
-        "policyName": POLICY["metadata"]["name"],
+@pytest.mark.parametrize(("policy", "binding"), [(POLICY, BINDING), (CLAIM_POLICY, CLAIM_BINDING)])
+def test_binding_denies_with_the_policy(policy: Obj, binding: Obj):
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
         "validationActions": ["Deny"],
     }
 
 
-def test_every_expression_names_only_fields_the_pod_schema_has():
-    spec = POLICY["spec"]
+@pytest.mark.parametrize(
+    ("policy", "resource"), [(POLICY, "pods"), (CLAIM_POLICY, "resourceclaims")]
+)
+def test_every_expression_names_only_fields_the_schema_has(policy: Obj, resource: str):
+    spec = policy["spec"]
     expressions = [
         *(c["expression"] for c in spec["matchConditions"]),
         *(v["expression"] for v in spec["variables"]),
         *(v["expression"] for v in spec["validations"]),
     ]
     for expression in expressions:
-        assert unknown_fields(expression) == [], expression
+        assert unknown_fields(expression, resource) == [], expression
     assert unknown_fields("object.spec.hostPid") != []  # the check itself catches a typo
+    assert unknown_fields("c.env.all(e, e.valueFom)") != []
+    assert unknown_fields(
+        "object.spec.devices.requests.all(q, q.exactly.adminAcess)", "resourceclaims"
+    )
 
 
-def test_every_validation_says_why_and_compiles():
+@pytest.mark.parametrize("policy", [POLICY, CLAIM_POLICY])
+def test_every_validation_says_why_and_compiles(policy: Obj):
     env = celpy.Environment()
-    for validation in POLICY["spec"]["validations"]:
+    for validation in policy["spec"]["validations"]:
         env.compile(validation["expression"])
         assert validation["message"] and validation["reason"] == "Forbidden"
 
@@ -145,9 +188,30 @@ def test_the_holder_pod_is_admitted_as_sent_too():
     assert create(holder_manifest()) == []
 
 
-def test_with_a_priority_class_too():
+def test_a_priority_class_the_static_policy_does_not_list_is_refused():
+    """The plain manifests allow no class: a holder of one is refused, and the agent of
+    the plain DaemonSet never sends one (its target's class is not allowed)."""
     argv = ["--holder-priority-class", "holders", "--holder-image", "registry.k8s.io/pause:3.9"]
-    assert create(as_admitted(holder_manifest(argv))) == []
+    assert any("priorityClassName" in m for m in create(as_admitted(holder_manifest(argv))))
+    classy = replace(TARGET, priority_class_name="research-high")
+    assert "priorityClassName" not in holder_manifest(target=classy)["spec"]
+    assert create(as_admitted(holder_manifest(target=classy))) == []
+
+
+def test_the_agent_takes_the_targets_class_only_where_allowed():
+    def chosen(target_class: str | None, *argv: str) -> str | None:
+        target = replace(TARGET, priority_class_name=target_class)
+        return holder_priority_class(load_settings(list(argv)), target)
+
+    listed = ("--holder-priority-classes", "research-high")
+    fallback = ("--holder-priority-class", "gpu-pins")
+    assert chosen("research-high", *listed) == "research-high"
+    assert chosen("research-high", *listed, *fallback) == "research-high"
+    assert chosen("system-node-critical", *listed) is None
+    assert chosen("system-node-critical", *listed, *fallback) == "gpu-pins"
+    assert chosen(None, *listed, *fallback) == "gpu-pins"
+    assert chosen("gpu-pins", *fallback) == "gpu-pins"  # the fallback is allowed, too
+    assert chosen("research-high") is None  # nothing allowed, no fallback: no class
 
 
 def test_the_pin_of_a_named_mount_is_admitted_and_so_is_its_dra_form():
@@ -214,6 +278,10 @@ def _unmanaged(pod: Obj) -> None:
     pod["metadata"]["labels"]["app.kubernetes.io/managed-by"] = "someone-else"
 
 
+def _env_from(source: Obj) -> Obj:
+    return {"name": "LEAK", "valueFrom": source}
+
+
 def _second_owner(pod: Obj) -> None:
     refs = pod["metadata"]["ownerReferences"]
     refs.append({**refs[0], "name": "other", "uid": str(uuid.uuid4())})
@@ -277,6 +345,161 @@ HOSTILE: dict[str, tuple[Callable[[Obj], None], str]] = {
     "controller owner": (_owner(controller=True), "exactly one owner reference"),
     "two owners": (_second_owner, "exactly one owner reference"),
     "no owner": (_drop("metadata.ownerReferences"), "exactly one owner reference"),
+    # Issue 18: a Secret named by a pod bound to a node (nodeName) is the node's to read.
+    "env secretKeyRef": (
+        _set("spec.containers.0.env", [_env_from({"secretKeyRef": {"name": "db", "key": "pw"}})]),
+        "environment is literal",
+    ),
+    "env configMapKeyRef": (
+        _set("spec.containers.0.env", [_env_from({"configMapKeyRef": {"name": "c", "key": "k"}})]),
+        "environment is literal",
+    ),
+    "env fieldRef": (
+        _set("spec.containers.0.env", [_env_from({"fieldRef": {"fieldPath": "metadata.name"}})]),
+        "environment is literal",
+    ),
+    "env resourceFieldRef": (
+        _set(
+            "spec.containers.0.env", [_env_from({"resourceFieldRef": {"resource": "limits.cpu"}})]
+        ),
+        "environment is literal",
+    ),
+    "env NVIDIA_VISIBLE_DEVICES=all": (
+        _set("spec.containers.0.env", [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+        "environment is literal",
+    ),
+    "envFrom secretRef": (
+        _set("spec.containers.0.envFrom", [{"secretRef": {"name": "db"}}]),
+        "environment is literal",
+    ),
+    "envFrom configMapRef": (
+        _set("spec.containers.0.envFrom", [{"configMapRef": {"name": "c"}}]),
+        "environment is literal",
+    ),
+    "imagePullSecrets": (_set("spec.imagePullSecrets", [{"name": "db"}]), "imagePullSecrets"),
+    "nodeName": (_set("spec.nodeName", "gpu-node-1"), "no nodeName"),
+    "nodeSelector": (_set("spec.nodeSelector", {"kubernetes.io/os": "linux"}), "default scheduler"),
+    "another scheduler": (_set("spec.schedulerName", "mine"), "default scheduler"),
+    "pod anti-affinity": (
+        _set(
+            "spec.affinity.podAntiAffinity", {"requiredDuringSchedulingIgnoredDuringExecution": []}
+        ),
+        "default scheduler",
+    ),
+    "activeDeadlineSeconds": (_set("spec.activeDeadlineSeconds", 1), "runs until deleted"),
+    "lifecycle postStart httpGet": (
+        _set(
+            "spec.containers.0.lifecycle",
+            {"postStart": {"httpGet": {"host": "10.0.0.1", "port": 80}}},
+        ),
+        "lifecycle",
+    ),
+    "lifecycle preStop exec": (
+        _set("spec.containers.0.lifecycle", {"preStop": {"exec": {"command": ["sh"]}}}),
+        "lifecycle",
+    ),
+    "liveness probe httpGet.host (SSRF from the kubelet)": (
+        _set(
+            "spec.containers.0.livenessProbe",
+            {"httpGet": {"host": "169.254.169.254", "path": "/latest/meta-data", "port": 80}},
+        ),
+        "probes",
+    ),
+    "readiness probe exec": (
+        _set("spec.containers.0.readinessProbe", {"exec": {"command": ["cat", "/etc/shadow"]}}),
+        "probes",
+    ),
+    "startup probe tcpSocket.host": (
+        _set("spec.containers.0.startupProbe", {"tcpSocket": {"host": "10.0.0.1", "port": 6443}}),
+        "probes",
+    ),
+    "ephemeral container at creation": (
+        _set("spec.ephemeralContainers", [{"name": "e", "image": "registry.k8s.io/pause:3.9"}]),
+        "no init or ephemeral",
+    ),
+    "sysctls": (
+        _set("spec.securityContext.sysctls", [{"name": "net.ipv4.ip_forward", "value": "1"}]),
+        "sysctls",
+    ),
+    "hostAliases": (
+        _set("spec.hostAliases", [{"ip": "10.0.0.1", "hostnames": ["registry.internal"]}]),
+        "hostAliases",
+    ),
+    "dnsConfig": (_set("spec.dnsConfig", {"nameservers": ["10.0.0.53"]}), "dnsConfig"),
+    "dnsPolicy Default (the node's resolver)": (_set("spec.dnsPolicy", "Default"), "dnsPolicy"),
+    "hostname": (_set("spec.hostname", "db"), "hostname"),
+    "an unlisted priorityClassName": (
+        _set("spec.priorityClassName", "system-node-critical"),
+        "priorityClassName",
+    ),
+    "an unconfigured runtimeClassName": (
+        _set("spec.runtimeClassName", "runc-unconfined"),
+        "runtimeClassName",
+    ),
+    "another resource (an SR-IOV VF)": (
+        _set("spec.containers.0.resources.limits", {"intel.com/sriov": "1"}),
+        "cpu, memory and the GPU resource only",
+    ),
+    "pod-level resources": (_set("spec.resources", {"limits": {"cpu": "1"}}), "cpu, memory"),
+    "another pod's ResourceClaim": (
+        _set("spec.resourceClaims", [{"name": "gpu", "resourceClaimName": "someone-elses"}]),
+        "ResourceClaim of its own name",
+    ),
+    "a ResourceClaimTemplate": (
+        _set("spec.resourceClaims", [{"name": "gpu", "resourceClaimTemplateName": "t"}]),
+        "ResourceClaim of its own name",
+    ),
+    "a runtime annotation": (
+        _set("metadata.annotations", {"io.kubernetes.cri-o.Devices": "/dev/sda"}),
+        "metadata is the agent's",
+    ),
+    "a Multus network annotation": (
+        _set("metadata.annotations", {"k8s.v1.cni.cncf.io/networks": "kube-system/host"}),
+        "metadata is the agent's",
+    ),
+    "another label": (_set("metadata.labels.app", "db"), "metadata is the agent's"),
+    "a name that is no holder's": (_set("metadata.name", "db-0"), "metadata is the agent's"),
+    "a finalizer": (_set("metadata.finalizers", ["example.com/keep"]), "metadata is the agent's"),
+    "volumeMounts": (
+        _set("spec.containers.0.volumeMounts", [{"name": "x", "mountPath": "/x"}]),
+        "bare",
+    ),
+    "tty": (_set("spec.containers.0.tty", True), "bare"),
+    "a sidecar restartPolicy": (_set("spec.containers.0.restartPolicy", "Always"), "bare"),
+    "workingDir": (_set("spec.containers.0.workingDir", "/"), "bare"),
+    "a port without hostPort": (
+        _set("spec.containers.0.ports", [{"containerPort": 80}]),
+        "no ports",
+    ),
+    "shareProcessNamespace": (_set("spec.shareProcessNamespace", True), "host namespace"),
+    "serviceAccount (the old alias)": (
+        _set("spec.serviceAccount", "admin"),
+        "default ServiceAccount",
+    ),
+    "procMount Unmasked": (
+        _set("spec.containers.0.securityContext", {"procMount": "Unmasked"}),
+        "loosens no confinement",
+    ),
+    "seccomp Unconfined": (
+        _set("spec.containers.0.securityContext", {"seccompProfile": {"type": "Unconfined"}}),
+        "loosens no confinement",
+    ),
+    "AppArmor Unconfined": (
+        _set("spec.containers.0.securityContext", {"appArmorProfile": {"type": "Unconfined"}}),
+        "loosens no confinement",
+    ),
+    "SELinux spc_t": (
+        _set("spec.containers.0.securityContext", {"seLinuxOptions": {"type": "spc_t"}}),
+        "loosens no confinement",
+    ),
+    "Windows hostProcess": (
+        _set("spec.containers.0.securityContext", {"windowsOptions": {"hostProcess": True}}),
+        "loosens no confinement",
+    ),
+    "pod seccomp Unconfined": (
+        _set("spec.securityContext.seccompProfile", {"type": "Unconfined"}),
+        "loosens no confinement",
+    ),
 }
 
 
@@ -355,11 +578,12 @@ def test_the_chart_renders_the_policy_where_the_cluster_serves_it(args, rendered
 @needs_helm
 def test_the_charts_policy_follows_release_and_holder_image():
     objects = render("--api-versions", VAP, "--set", "holder.image=example.org/pause:7")
-    policy = find(objects, "ValidatingAdmissionPolicy")
-    binding = find(objects, "ValidatingAdmissionPolicyBinding")
-    assert (
-        binding["spec"]["policyName"] == policy["metadata"]["name"] == "hm-gpu-hotmount-holder-pods"
-    )
+    policy = find(objects, "ValidatingAdmissionPolicy", "hm-gpu-hotmount-holder-pods")
+    binding = find(objects, "ValidatingAdmissionPolicyBinding", "hm-gpu-hotmount-holder-pods")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    claims = find(objects, "ValidatingAdmissionPolicy", "hm-gpu-hotmount-pin-claims")
+    claim_binding = find(objects, "ValidatingAdmissionPolicyBinding", "hm-gpu-hotmount-pin-claims")
+    assert claim_binding["spec"]["policyName"] == claims["metadata"]["name"]
     account = find(objects, "ServiceAccount")["metadata"]["name"]
     agent = f"system:serviceaccount:gpu-ops:{account}"
     daemonset = find(objects, "DaemonSet")
@@ -370,3 +594,430 @@ def test_the_charts_policy_follows_release_and_holder_image():
     assert create(holder, user=agent, policy=policy)
     # The static manifests' account is not this release's: the chart's policy is its own.
     assert create(holder, user=AGENT, policy=policy) == []
+
+
+@needs_helm
+def test_the_charts_policies_are_the_plain_manifests_policies():
+    """With default values the chart renders exactly 08-admission-policy.yaml, the
+    account in the match condition and the names apart."""
+    objects = render("--api-versions", VAP, "--set", "fullnameOverride=gpu-hotmount")
+    rendered = [o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    plain = [o for o in STATIC if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    condition = "request.userInfo.username == 'system:serviceaccount:gpu-ops:gpu-hotmount'"
+    assert len(rendered) == len(plain) == 4
+    for mine in rendered:
+        theirs = find(plain, mine["kind"], mine["metadata"]["name"])
+        spec = copy.deepcopy(mine["spec"])
+        for match in spec.get("matchConditions", []):
+            assert match["expression"] == condition
+            match["expression"] = match["expression"].replace("gpu-ops", "gpu-hotmount")
+        assert spec == theirs["spec"], mine["metadata"]["name"]
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"holder": {"priorityClasses": ["a'] || true || ['"]}},
+        {"holder": {"runtimeClassName": "x' || true || '"}},
+        {"holder": {"priorityClassName": "a b"}},
+    ],
+    ids=["priority-classes", "runtime-class", "fallback-class"],
+)
+def test_the_chart_refuses_values_that_would_change_the_policys_cel(tmp_path: Path, values: Obj):
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    assert HELM is not None
+    argv = [HELM, "template", "hm", str(CHART), "--set", f"tls.caBundle={TEST_CA_BUNDLE}",
+            "--api-versions", VAP, "--values", str(path)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    assert "is not a name or image reference" in done.stderr
+
+
+# -- every shape the agent makes, in every configuration the chart offers ---------------------
+
+CONFIGURATIONS: dict[str, Obj] = {
+    "defaults": {},
+    "the target's class allowed": {"holder": {"priorityClasses": ["research-high", "batch"]}},
+    "a fallback class": {"holder": {"priorityClassName": "gpu-pins"}},
+    "allowed classes and a fallback": {
+        "holder": {"priorityClasses": ["research-high"], "priorityClassName": "gpu-pins"}
+    },
+    "a runtime class": {"holder": {"runtimeClassName": "nvidia"}},
+    "another image and GPU resource": {
+        "holder": {"image": "example.org/pause:7"},
+        "gpuResource": "nvidia.com/mig-1g.10gb",
+    },
+}
+TARGET_CLASSES = [None, "research-high", "system-node-critical"]
+
+
+def rendered_with(values: Obj) -> tuple[list[str], Obj, Obj]:
+    """The chart with `values`: the agent's argv, the pod policy, the claim policy."""
+    assert HELM is not None
+    argv = [HELM, "template", "hm", str(CHART), "-n", "gpu-ops", "--set",
+            f"tls.caBundle={TEST_CA_BUNDLE}", "--api-versions", VAP, "--values", "-"]  # fmt: skip
+    done = subprocess.run(
+        argv, input=yaml.safe_dump(values), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    objects = load_documents(done.stdout)
+    return (
+        agent_argv(find(objects, "DaemonSet")),
+        find(objects, "ValidatingAdmissionPolicy", "hm-gpu-hotmount-holder-pods"),
+        find(objects, "ValidatingAdmissionPolicy", "hm-gpu-hotmount-pin-claims"),
+    )
+
+
+def agents_objects(argv: list[str], target: PodInfo) -> tuple[dict[str, Obj], dict[str, Obj]]:
+    """Every pod and ResourceClaim the agent makes for `target`, built by its own code:
+    count holders, scouts and pins by device plugin, and pins with their claims by DRA."""
+    settings = load_settings(argv)
+    holder = agent_holder_manifest(settings, target, "hotmount-holder-notebook-abc123", 2)
+    scout = agent_holder_manifest(settings, target, "hotmount-pin-notebook-abc123", 1, Role.PIN)
+    pin = agent_holder_manifest(
+        settings, target, "hotmount-pin-notebook-def456", 1, Role.PIN, GPU_UUID
+    )
+    name = "hotmount-pin-notebook-0a1b2c"
+    dra_pin = with_claim(agent_holder_manifest(settings, target, name, 1, Role.PIN, GPU_UUID), name)
+    pods = {"count holder": holder, "scout": scout, "pin": pin, "DRA pin": dra_pin}
+    claims = {
+        "GPU claim": pin_claim_manifest(target, name, GPU_UUID, mig=False),
+        "MIG claim": pin_claim_manifest(target, name, MIG_UUID, mig=True),
+    }
+    return pods, claims
+
+
+def assert_all_admitted(argv: list[str], policy: Obj, claim_policy: Obj, user: str) -> None:
+    for target_class in TARGET_CLASSES:
+        target = replace(TARGET, priority_class_name=target_class)
+        pods, claims = agents_objects(argv, target)
+        for shape, pod in pods.items():
+            denied = create(as_admitted(pod), user=user, policy=policy)
+            assert denied == [], (shape, target_class, denied)
+        for shape, claim in claims.items():
+            denied = create_claim(claim_as_admitted(claim), user=user, policy=claim_policy)
+            assert denied == [], (shape, denied)
+
+
+def test_the_plain_policies_admit_everything_the_plain_agent_makes():
+    assert_all_admitted(static_argv(), POLICY, CLAIM_POLICY, AGENT)
+
+
+@needs_helm
+@pytest.mark.parametrize("name", sorted(CONFIGURATIONS), ids=sorted(CONFIGURATIONS))
+def test_the_charts_policies_admit_everything_its_agent_makes(name: str):
+    argv, policy, claim_policy = rendered_with(CONFIGURATIONS[name])
+    assert_all_admitted(argv, policy, claim_policy, "system:serviceaccount:gpu-ops:hm-gpu-hotmount")
+
+
+@needs_helm
+def test_the_agent_carries_the_classes_and_runtime_the_chart_configures():
+    """Not vacuous: these configurations do put the classes and the runtime class on pods."""
+    argv, _, _ = rendered_with(CONFIGURATIONS["allowed classes and a fallback"])
+    settings = load_settings(argv)
+    classes = {
+        c: agent_holder_manifest(settings, replace(TARGET, priority_class_name=c), "n", 1)["spec"]
+        for c in TARGET_CLASSES
+    }
+    assert {c: s.get("priorityClassName") for c, s in classes.items()} == {
+        None: "gpu-pins",
+        "research-high": "research-high",
+        "system-node-critical": "gpu-pins",
+    }
+    argv, _, _ = rendered_with(CONFIGURATIONS["a runtime class"])
+    pods, _ = agents_objects(argv, TARGET)
+    assert {p["spec"]["runtimeClassName"] for p in pods.values()} == {"nvidia"}
+    argv, _, _ = rendered_with(CONFIGURATIONS["another image and GPU resource"])
+    limits = agents_objects(argv, TARGET)[0]["count holder"]["spec"]["containers"][0]["resources"]
+    assert limits["limits"]["nvidia.com/mig-1g.10gb"] == "2"
+
+
+@needs_helm
+def test_the_clusters_default_priority_class_must_be_listed():
+    """The Priority admission plugin gives a holder without a class the cluster's
+    globalDefault PriorityClass before validating admission runs: refused unless listed
+    (deploy/README.md says so), admitted once it is."""
+    user = "system:serviceaccount:gpu-ops:hm-gpu-hotmount"
+    argv, policy, _ = rendered_with({})
+    holder = holder_manifest(argv)
+    assert "priorityClassName" not in holder["spec"]
+    denied = create(as_admitted(holder, default_class="cluster-default"), user=user, policy=policy)
+    assert any("globalDefault" in m for m in denied), denied
+    argv, policy, _ = rendered_with({"holder": {"priorityClasses": ["cluster-default"]}})
+    holder = holder_manifest(argv)
+    assert "priorityClassName" not in holder["spec"]
+    assert (
+        create(as_admitted(holder, default_class="cluster-default"), user=user, policy=policy) == []
+    )
+
+
+def test_what_a_namespaces_limit_range_adds_is_admitted():
+    """LimitRanger fills in defaults (ephemeral-storage among them) before validation."""
+    pod = as_admitted(holder_manifest())
+    for kind in ("limits", "requests"):
+        pod["spec"]["containers"][0]["resources"][kind]["ephemeral-storage"] = "1Gi"
+    assert create(pod) == []
+
+
+# -- the allow-list covers the whole Pod schema -----------------------------------------------
+
+# Every PodSpec and Container field the policy admits, and why; every other field is refused
+# (checked below with a value of the field's type), so a field added to the schema fails
+# this test until it is decided.
+POD_FIELDS_ADMITTED = {
+    "affinity": "the agent's node affinity (pod affinity is refused)",
+    "automountServiceAccountToken": "must be false",
+    "containers": "one, checked field by field",
+    "dnsPolicy": "ClusterFirst, the default",
+    "enableServiceLinks": "must be false",
+    "hostIPC": "false only",
+    "hostNetwork": "false only",
+    "hostPID": "false only",
+    "hostUsers": "either value: true is every pod's default, false confines more",
+    "overhead": "filled by the RuntimeClass admission plugin",
+    "preemptionPolicy": "filled by the Priority admission plugin from the class",
+    "priority": "filled by the Priority admission plugin from the class",
+    "priorityClassName": "listed ones only",
+    "resourceClaims": "the pin's own claim only",
+    "restartPolicy": "Always",
+    "runtimeClassName": "the configured one only",
+    "schedulerName": "default-scheduler",
+    "securityContext": "confining fields only (checked below)",
+    "serviceAccount": "default only",
+    "serviceAccountName": "default only",
+    "shareProcessNamespace": "false only",
+    "os": "linux only",
+    "terminationGracePeriodSeconds": "the agent's 0 (deletion only)",
+    "tolerations": "the agent's tolerate-all (its GPU's node may be tainted)",
+}
+CONTAINER_FIELDS_ADMITTED = {
+    "env": "NVIDIA_VISIBLE_DEVICES=none only",
+    "image": "the holder image only",
+    "imagePullPolicy": "any: the image is fixed",
+    "name": "any",
+    "resources": "cpu, memory, the GPU resource, the pin's claim",
+    "securityContext": "confining fields only (checked below)",
+    "stdin": "false only",
+    "stdinOnce": "false only",
+    "terminationMessagePath": "defaulted by the API server",
+    "terminationMessagePolicy": "defaulted by the API server",
+    "tty": "false only",
+}
+# securityContext: a loosening value of each field that can loosen; the rest only confine.
+LOOSENING_CONTAINER = {
+    "allowPrivilegeEscalation": True,
+    "appArmorProfile": {"type": "Unconfined"},
+    "capabilities": {"add": ["NET_ADMIN"]},
+    "privileged": True,
+    "procMount": "Unmasked",
+    "seLinuxOptions": {"user": "system_u"},
+    "seccompProfile": {"type": "Localhost", "localhostProfile": "permissive.json"},
+    "windowsOptions": {"hostProcess": True},
+}
+CONFINING_CONTAINER = {
+    "readOnlyRootFilesystem": True,
+    "runAsGroup": 65534,
+    "runAsNonRoot": True,
+    "runAsUser": 65534,
+}
+LOOSENING_POD = {
+    "appArmorProfile": {"type": "Localhost", "localhostProfile": "x"},
+    "seLinuxOptions": {"role": "system_r"},
+    "seccompProfile": {"type": "Unconfined"},
+    "sysctls": [{"name": "kernel.shm_rmid_forced", "value": "0"}],
+    "windowsOptions": {"runAsUserName": "ContainerAdministrator"},
+}
+CONFINING_POD = {
+    "fsGroup": 65534,
+    "fsGroupChangePolicy": "OnRootMismatch",
+    "runAsGroup": 65534,
+    "runAsNonRoot": True,
+    "runAsUser": 65534,
+    "seLinuxChangePolicy": "MountOption",
+    "supplementalGroups": [65534],
+    "supplementalGroupsPolicy": "Strict",
+}
+
+
+def _fields(model: Any) -> dict[str, str]:
+    return {model.attribute_map[k]: t for k, t in model.openapi_types.items()}
+
+
+def _sample(kind: str) -> Any:
+    """A value of an OpenAPI type that is not its zero value."""
+    if kind == "bool":
+        return True
+    if kind == "int":
+        return 5
+    if kind == "str":
+        return "x"
+    if kind == "List[str]":
+        return ["x"]
+    if kind.startswith("List["):
+        return [{"name": "x"}]
+    if kind.startswith("Dict["):
+        return {"x": "y"}
+    return {"name": "x"}
+
+
+POD_FIELDS_REFUSED = sorted(set(_fields(client.V1PodSpec)) - set(POD_FIELDS_ADMITTED))
+CONTAINER_FIELDS_REFUSED = sorted(set(_fields(client.V1Container)) - set(CONTAINER_FIELDS_ADMITTED))
+
+
+def test_every_admitted_field_is_a_field():
+    assert set(POD_FIELDS_ADMITTED) <= set(_fields(client.V1PodSpec))
+    assert set(CONTAINER_FIELDS_ADMITTED) <= set(_fields(client.V1Container))
+    assert set(LOOSENING_CONTAINER) | set(CONFINING_CONTAINER) == set(
+        _fields(client.V1SecurityContext)
+    )
+    assert set(LOOSENING_POD) | set(CONFINING_POD) == set(_fields(client.V1PodSecurityContext))
+
+
+@pytest.mark.parametrize("field", POD_FIELDS_REFUSED)
+def test_every_other_pod_field_is_refused(field: str):
+    pod = as_admitted(holder_manifest())
+    pod["spec"][field] = _sample(_fields(client.V1PodSpec)[field])
+    assert create(pod), f"spec.{field} was admitted"
+
+
+@pytest.mark.parametrize("field", CONTAINER_FIELDS_REFUSED)
+def test_every_other_container_field_is_refused(field: str):
+    pod = as_admitted(holder_manifest())
+    pod["spec"]["containers"][0][field] = _sample(_fields(client.V1Container)[field])
+    assert create(pod), f"containers[0].{field} was admitted"
+
+
+@pytest.mark.parametrize("field", sorted(LOOSENING_CONTAINER))
+def test_a_loosening_container_security_context_is_refused(field: str):
+    pod = as_admitted(holder_manifest())
+    pod["spec"]["containers"][0]["securityContext"] = {field: LOOSENING_CONTAINER[field]}
+    assert any("loosens no confinement" in m for m in create(pod))
+
+
+@pytest.mark.parametrize("field", sorted(LOOSENING_POD))
+def test_a_loosening_pod_security_context_is_refused(field: str):
+    pod = as_admitted(holder_manifest())
+    pod["spec"]["securityContext"] = {field: LOOSENING_POD[field]}
+    assert any("loosens no confinement" in m for m in create(pod))
+
+
+def test_a_confining_security_context_is_admitted():
+    """What a restricting mutating admission (or OpenShift's SCC) adds stays admitted."""
+    pod = as_admitted(holder_manifest())
+    pod["spec"]["securityContext"] = {
+        **CONFINING_POD,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "seLinuxOptions": {"level": "s0:c1,c2"},
+    }
+    pod["spec"]["containers"][0]["securityContext"] = {
+        **CONFINING_CONTAINER,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert create(pod) == []
+
+
+# -- the pins' ResourceClaims (DRA) --------------------------------------------------------
+
+
+def _pin_claim() -> Obj:
+    return claim_as_admitted(
+        pin_claim_manifest(TARGET, "hotmount-pin-notebook-0a1b2c", GPU_UUID, mig=False)
+    )
+
+
+def _exactly(**changes: Any) -> Callable[[Obj], None]:
+    def change(claim: Obj) -> None:
+        claim["spec"]["devices"]["requests"][0]["exactly"].update(changes)
+
+    return change
+
+
+def _second_request(claim: Obj) -> None:
+    requests = claim["spec"]["devices"]["requests"]
+    requests.append({**requests[0], "name": "more"})
+
+
+HOSTILE_CLAIMS: dict[str, tuple[Callable[[Obj], None], str]] = {
+    "admin access": (_exactly(adminAccess=True), "no admin access"),
+    "another device class": (_exactly(deviceClassName="sriov.example.com"), "NVIDIA's classes"),
+    "all devices": (_exactly(allocationMode="All"), "exactly one"),
+    "two devices": (_exactly(count=2), "exactly one"),
+    "any device": (_exactly(selectors=[{"cel": {"expression": "true"}}]), "by its UUID alone"),
+    "a UUID or anything": (
+        _exactly(selectors=[{"cel": {"expression": f"{UUID_SELECTOR} || true"}}]),
+        "by its UUID alone",
+    ),
+    "no selector": (_exactly(selectors=[]), "by its UUID alone"),
+    "a taint toleration": (_exactly(tolerations=[{"operator": "Exists"}]), "tolerations"),
+    "capacity": (_exactly(capacity={"requests": {"memory": "1Gi"}}), "capacity"),
+    "a second request": (_second_request, "exactly one"),
+    "first available": (
+        lambda c: c["spec"]["devices"]["requests"][0].update(
+            firstAvailable=[{"name": "a", "deviceClassName": "gpu.nvidia.com"}]
+        ),
+        "exactly one",
+    ),
+    "driver configuration": (
+        _set("spec.devices.config", [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {}}}]),
+        "configuration",
+    ),
+    "constraints": (_set("spec.devices.constraints", [{"matchAttribute": "x"}]), "constraints"),
+    "not a pin": (
+        lambda c: c["metadata"]["labels"].update({"hotmount.io/role": "count"}),
+        "only create or delete",
+    ),
+    "not managed by gpu-hotmount": (
+        _set("metadata.labels", {"hotmount.io/holder-for": "notebook", "hotmount.io/role": "pin"}),
+        "named hotmount-pin-",
+    ),
+    "an annotation": (_set("metadata.annotations", {"x": "y"}), "no annotations"),
+    "another name": (_set("metadata.name", "db-claim"), "named hotmount-pin-"),
+    "owned by another pod": (_owner(name="victim"), "owned by the pod"),
+    "controller owner": (_owner(controller=True), "owned by the pod"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_CLAIMS), ids=sorted(HOSTILE_CLAIMS))
+def test_a_hostile_resource_claim_from_the_agent_is_denied(case: str):
+    change, reason = HOSTILE_CLAIMS[case]
+    claim = _pin_claim()
+    change(claim)
+
+    denied = create_claim(claim)
+
+    assert denied, f"{case} was admitted"
+    assert any(reason in message for message in denied), denied
+    assert create_claim(claim, user="system:serviceaccount:team-a:default") == []
+
+
+def test_the_agent_may_delete_a_pins_claim_and_nothing_else():
+    claim = _pin_claim()
+    review = admission_request("DELETE", AGENT, None, claim, resource=CLAIMS)
+    assert denials(CLAIM_POLICY, review, resource="resourceclaims") == []
+    other = {"metadata": {"name": "training", "namespace": "team-a", "labels": {"app": "x"}},
+             "spec": {"devices": {"requests": []}}}  # fmt: skip
+    review = admission_request("DELETE", AGENT, None, other, resource=CLAIMS)
+    assert denials(CLAIM_POLICY, review, resource="resourceclaims")
+
+
+def test_the_agent_never_changes_a_claim():
+    claim = _pin_claim()
+    changed = copy.deepcopy(claim)
+    changed["metadata"]["labels"]["hotmount.io/holder-for"] = "other"
+    review = admission_request("UPDATE", AGENT, changed, claim, resource=CLAIMS)
+    assert any(
+        "never changes" in m for m in denials(CLAIM_POLICY, review, resource="resourceclaims")
+    )
+
+
+def test_the_claims_policy_names_the_agents_classes_and_uuid_form():
+    """The policy's device classes and UUID pattern are the agent's (agent/node/dra.py)."""
+    variables = {v["name"]: v["expression"] for v in CLAIM_POLICY["spec"]["variables"]}
+    assert variables["deviceClasses"] == f"['{GPU_CLASS}', '{MIG_CLASS}']"
+    for bad in ("GPU-x", 'GPU-1" || true', "NVIDIA-0"):
+        with pytest.raises(ValueError):
+            pin_claim_manifest(TARGET, "hotmount-pin-x", bad, mig=False)

@@ -100,8 +100,9 @@ class Release:
         image: AgentImage = self.node.image  # type: ignore[attr-defined]
         return {
             "image": {"repository": image.repository, "tag": image.tag, "pullPolicy": "Never"},
-            # the node's own pause image: there is no registry to pull registry.k8s.io/pause
-            "holder": {"image": PAUSE_IMAGE},
+            # the node's own pause image: there is no registry to pull registry.k8s.io/pause;
+            # pins may take HIGH_PRIORITY from their pods (the admission policy's list)
+            "holder": {"image": PAUSE_IMAGE, "priorityClasses": [HIGH_PRIORITY]},
             "reconcileInterval": RECONCILE_INTERVAL,
             "hardened": self.hardened,
             # NVML on a GPU node comes from the driver; here the fake, at the same UUIDs
@@ -212,6 +213,10 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 
 # ---- pods ----------------------------------------------------------------------
+
+
+# A PriorityClass the chart lets pins take from their pods (holder.priorityClasses).
+HIGH_PRIORITY = "hotmount-test-high"
 
 
 def new_name(prefix: str) -> str:

@@ -206,7 +206,7 @@ def test_a_move_hands_the_pin_over_and_no_ordinary_pod_gets_the_gpu_meanwhile(
 def test_the_pin_has_its_pods_priority_and_an_equal_priority_gpu_pod_cannot_preempt_it(
     node: Node, hotmount: flows.Release
 ) -> None:
-    priority = flows.new_name("hotmount-test-high")
+    priority = flows.HIGH_PRIORITY  # listed in the release's holder.priorityClasses
     node.apply(
         {
             "apiVersion": "scheduling.k8s.io/v1",

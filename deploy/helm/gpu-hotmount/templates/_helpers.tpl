@@ -70,3 +70,40 @@ and the APIService's caBundle agree.
 {{- end -}}
 {{- index .Values.tls "_generated" | toJson -}}
 {{- end -}}
+
+{{/*
+The priority classes holder and pin pods may carry, as a JSON array: holder.priorityClasses
+plus the fallback holder.priorityClassName. The admission policy's list and the agent's
+--holder-priority-classes both come from here, so they cannot disagree.
+*/}}
+{{- define "gpu-hotmount.holderPriorityClasses" -}}
+{{- $classes := list -}}
+{{- range (.Values.holder.priorityClasses | default list) -}}
+{{- $classes = append $classes (toString .) -}}
+{{- end -}}
+{{- with .Values.holder.priorityClassName -}}
+{{- $classes = append $classes (toString .) -}}
+{{- end -}}
+{{- range $classes -}}
+{{- include "gpu-hotmount.celSafe" (list "holder.priorityClasses" .) -}}
+{{- end -}}
+{{- $classes | uniq | toJson -}}
+{{- end -}}
+
+{{/* A value pasted into a CEL string literal: names and image references only, no quotes. */}}
+{{- define "gpu-hotmount.celSafe" -}}
+{{- $name := index . 0 -}}
+{{- $value := toString (index . 1) -}}
+{{- if not (regexMatch "^[A-Za-z0-9._:/@-]*$" $value) -}}
+{{- fail (printf "%s: %q is not a name or image reference (letters, digits and ._:/@- only)" $name $value) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A list of strings as a CEL list literal: ['a', 'b'], or [] */}}
+{{- define "gpu-hotmount.celStrings" -}}
+{{- $quoted := list -}}
+{{- range . -}}
+{{- $quoted = append $quoted (printf "'%s'" .) -}}
+{{- end -}}
+[{{ join ", " $quoted }}]
+{{- end -}}
