@@ -36,7 +36,7 @@ from hotmount.hostfs import HostRoot
 from hotmount.ledger import ContainerRecord, DeviceRecord, Ledger, NodeRecord, PendingOp, now
 from hotmount.liveness import Liveness
 from hotmount.netdev.moves import Netdevs
-from hotmount.netdev.plan import NetdevRefused, NetdevSpec
+from hotmount.netdev.plan import NetdevRefused, NetdevSpec, Network
 from hotmount.reconcile import repair_drift, sweep_claims
 from hotmount.results import (
     ContainerStatus,
@@ -62,6 +62,7 @@ class EngineConfig:
     stop_grace: float = 10.0
     sys_root: Path | None = None  # where /sys is read for RDMA and PCIe places (default: host)
     netdev_allow: tuple[str, ...] = ()  # interfaces (names, globs) that may move; empty: none
+    netdev_address_cidrs: tuple[Network, ...] = ()  # where set addresses may lie; empty: none
 
 
 class Engine:
@@ -74,7 +75,12 @@ class Engine:
         self._proc = os.fspath(self.host.proc)
         self.grants = CgroupGrants(self.layout)
         self.ledger = Ledger(self.config.state_dir)
-        self.netdevs = Netdevs(self.host, self.config.state_dir, self.config.netdev_allow)
+        self.netdevs = Netdevs(
+            self.host,
+            self.config.state_dir,
+            self.config.netdev_allow,
+            address_cidrs=self.config.netdev_address_cidrs,
+        )
         self.inventory = self.load_inventory()
 
     def load_inventory(self) -> Inventory:

@@ -7,6 +7,7 @@ network namespace (`runc spec`'s default), which is where the interface goes.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -29,7 +30,7 @@ from hotmount.netdev.plan import (
     NetdevSpec,
 )
 from tests.kernel.conftest import GPU0, GPU1
-from tests.support.netdevs import ip, make_primary
+from tests.support.netdevs import SPARE_TABLE, ip, make_primary
 from tests.support.runc import RuncContainer
 from tests.support.sysfs import NICS, build_sysfs
 from tests.support.waiting import wait_for
@@ -55,9 +56,22 @@ def veth(prefix: str) -> tuple[str, str]:
     return a, b
 
 
-def make_engine(cdi_dir: Path, state_dir: Path, allow: tuple[str, ...]) -> Engine:
+# Where these tests' addresses lie: far from anything a test host uses.
+TEST_CIDRS = (ipaddress.ip_network("10.77.0.0/16"), ipaddress.ip_network("fd77::/64"))
+
+
+def make_engine(
+    cdi_dir: Path,
+    state_dir: Path,
+    allow: tuple[str, ...],
+    cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = TEST_CIDRS,
+) -> Engine:
     config = EngineConfig(
-        cdi_dirs=(str(cdi_dir),), state_dir=state_dir, use_nvml=False, netdev_allow=allow
+        cdi_dirs=(str(cdi_dir),),
+        state_dir=state_dir,
+        use_nvml=False,
+        netdev_allow=allow,
+        netdev_address_cidrs=cidrs,
     )
     return Engine(config)
 
@@ -110,8 +124,7 @@ def test_a_macvlan_child_moves_in_and_comes_back_with_its_state(
         check=True,
     )
     ip("link", "set", child, "mtu", "1300")
-    ip("addr", "add", "10.78.0.1/24", "dev", child)
-    ip("link", "set", child, "up")
+    ip("link", "set", child, "up")  # no address: one would make it the node's (refused)
 
     engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=child, inside="rdma0"))
 
@@ -121,9 +134,6 @@ def test_a_macvlan_child_moves_in_and_comes_back_with_its_state(
 
     back = link(child)
     assert back is not None and back["mtu"] == 1300 and "UP" in back["flags"]
-    assert [
-        f"{x['local']}/{x['prefixlen']}" for x in back["addr_info"] if x["family"] == "inet"
-    ] == ["10.78.0.1/24"]
 
 
 def test_a_killed_container_destroys_the_veth_and_reconcile_forgets_it(
@@ -253,6 +263,8 @@ def test_the_nodes_own_default_route_interface_is_primary(cdi_dir: Path, state_d
     ("allow", "name", "error", "words"),
     [
         (("*",), "primary", NetdevRefused, "primary"),
+        (("hm*",), "addressed", NetdevRefused, "address 10.79.0.1/24"),
+        (("hm*",), "routed", NetdevRefused, "route 10.79.0.0/16 in table 4242"),
         (("*",), "lo", NetdevRefused, "primary"),
         (("other*",), "veth", NetdevRefused, "allow-list"),
         ((), "veth", NetdevRefused, "off on this node"),
@@ -261,6 +273,8 @@ def test_the_nodes_own_default_route_interface_is_primary(cdi_dir: Path, state_d
     ],
     ids=[
         "spare-table-default-route",
+        "allowed-but-addressed",
+        "allowed-but-routed",
         "loopback",
         "not-allowed",
         "feature-off",
@@ -281,6 +295,15 @@ def test_refused_interfaces_change_nothing(
 ) -> None:
     if name == "primary":
         name = request.getfixturevalue("fake_primary")
+    if name == "addressed":  # only a connected route and an address: a storage network
+        ip("addr", "add", "10.79.0.1/24", "dev", veth[0]).check_returncode()
+        name = veth[0]
+    if name == "routed":  # no address: a route in another table names it
+        for end in veth:
+            ip("link", "set", end, "up").check_returncode()
+        add = ("route", "add", "10.79.0.0/16", "dev", veth[0], "table", SPARE_TABLE)
+        ip(*add).check_returncode()
+        name = veth[0]
     name = {"veth": veth[0]}.get(name, name)
     engine = make_engine(cdi_dir, state_dir, allow)
     with pytest.raises(error, match=words):
@@ -478,3 +501,43 @@ def test_unmount_revokes_the_devices_before_the_interface_goes_back(
     ip("link", "del", a).check_returncode()  # the squatter (and its peer) go
     assert engine.reconcile().netdevs == [f"{a}: restore"]
     assert link(a) is not None and engine.netdevs.records() == []
+
+
+@pytest.mark.parametrize(
+    ("cidrs", "address", "words"),
+    [
+        ((), "10.77.0.2/24", "no --netdev-address-cidr"),
+        (TEST_CIDRS, "10.88.0.2/24", "outside the CIDRs"),
+        (TEST_CIDRS, "fd88::2/64", "outside the CIDRs"),
+        (TEST_CIDRS, "10.77.9.9/24", "held by the node"),
+    ],
+    ids=["default-none", "outside", "ipv6-outside", "node-held-inside-the-cidr"],
+)
+def test_an_address_the_operator_did_not_allow_is_refused_and_nothing_moves(
+    cdi_dir: Path,
+    state_dir: Path,
+    prefix: str,
+    box: RuncContainer,
+    veth: tuple[str, str],
+    cidrs: tuple[ipaddress.IPv4Network, ...],
+    address: str,
+    words: str,
+) -> None:
+    """A pod would take over a gateway's or a storage server's address: the node holds
+    10.77.9.9 here (on the veth's host-side peer), read when the request comes."""
+    a, b = veth
+    ip("addr", "add", "10.77.9.9/24", "dev", b).check_returncode()
+    engine = make_engine(cdi_dir, state_dir, (f"{prefix}*",), cidrs)
+
+    with pytest.raises(NetdevRefused, match=words):
+        engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a, addresses=[address]))
+
+    assert link(a) is not None and link("net1", pid=box.pid) is None
+    assert "nvidia0" not in box.ls_dev() and engine.ledger.records() == []
+    assert engine.netdevs.records() == []
+    # The same interface, an address inside the CIDRs that nobody holds: it moves.
+    engine = make_engine(cdi_dir, state_dir, (f"{prefix}*",))
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a, addresses=["10.77.9.10/24"]))
+    inside = link("net1", pid=box.pid)
+    assert inside is not None
+    assert "10.77.9.10" in [x["local"] for x in inside["addr_info"] if x["family"] == "inet"]
