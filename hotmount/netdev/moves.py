@@ -221,8 +221,10 @@ class Netdevs:
         log.info("moved %s into %s as %s", name, container, spec.inside)
         return record
 
-    def detach(self, record: NetdevRecord) -> None:
-        """Back to the host under its old name and state; the record goes last."""
+    def detach(self, record: NetdevRecord) -> Action:
+        """Back to the host under its old name and state; the record goes last. What was
+        done: moved back, restored on the host already, or (its namespace gone) what
+        reconcile decides."""
         record.phase = "detaching"
         self._save(record)
         try:
@@ -231,18 +233,20 @@ class Netdevs:
                 netlink.rtnl(ns_fd) as inside,
                 self._host() as host,
             ):
-                self._undo(record, inside, host, quiet=False)
+                action = self._undo(record, inside, host, quiet=False)
         except ContainerNotFound:
-            if self.reconcile_one(record, alive=False) is Action.WAIT:
+            action = self.reconcile_one(record, alive=False)
+            if action is Action.WAIT:
                 log.info(
                     "%s left with %s's network namespace; reconcile restores it when the "
                     "kernel returns it",
                     record.host_name,
                     record.container,
                 )
-            return
+            return action
         self._drop(record)
         log.info("moved %s back from %s", record.host_name, record.container)
+        return action
 
     def leaving(self, container: str, remaining: Iterable[str]) -> list[str]:
         """Detach the interfaces none of whose devices are left; their host names."""
@@ -254,9 +258,33 @@ class Netdevs:
                 out.append(record.host_name)
         return out
 
+    def release(self, container: str) -> tuple[list[str], list[NetdevRecord]]:
+        """Bring back every interface of a container whose devices are gone (it died:
+        restarted in its pod, or the pod is gone). A restarted container's namespace
+        lives on in its pod's sandbox, and so would the interface, in the tenant's hands
+        with no claim behind it: so it moves back now, found through any process still
+        in that namespace. Returns what was done ("<host name>: <action>"), and the records still
+        out (in transit with a dying namespace, or not provably ours in a live one):
+        their devices' claims must stay until these are gone (call under the lock)."""
+        back = []
+        for record in self.records(container):
+            try:
+                action = self.detach(record)
+            except HotmountError as exc:
+                log.warning(
+                    "%s of %s stays out, and its claims with it: %s",
+                    record.host_name,
+                    container,
+                    exc.message,
+                )
+                continue
+            if action not in (Action.KEEP, Action.WAIT):
+                back.append(f"{record.host_name}: {action}")
+        return back, self.records(container)
+
     def _undo(
         self, record: NetdevRecord, inside: IPRoute, host: IPRoute, quiet: bool = True
-    ) -> None:
+    ) -> Action:
         """Wherever it is, give it back its host name and state. Only the interface proven
         ours moves (find_inside): never one the tenant named or addressed like it."""
         try:
@@ -282,8 +310,9 @@ class Netdevs:
             if not quiet:
                 raise
             log.warning("rollback of %s: %s", record.host_name, exc.message)
-            return
+            return Action.KEEP
         self._drop(record)
+        return Action.MOVE_BACK if found is not None else Action.RESTORE
 
     def _find_inside(self, record: NetdevRecord, inside: IPRoute, host: IPRoute) -> LinkInfo | None:
         host_ns = self._host_ns_fd()

@@ -394,11 +394,11 @@ def test_a_deleted_interface_is_not_replaced_by_a_decoy_on_unmount(
     assert "nvidia0" not in box.ls_dev() and engine.ledger.records() == []
 
 
-def test_a_namespace_held_after_its_init_died_keeps_the_record(
+def test_a_namespace_held_after_its_init_died_gets_the_interface_taken_back(
     engine: Engine, box: RuncContainer, veth: tuple[str, str]
 ) -> None:
-    """A restarted container: its pod's sandbox holds the namespace, the interface lives
-    on in it. Reconcile keeps the record until the namespace is gone."""
+    """Its init dead, the namespace held by another process (as a pod's sandbox holds
+    it): the devices' records go, so the interface comes back, through that process."""
     a, _ = veth
     engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
     holder = subprocess.Popen(["nsenter", "-t", str(box.pid), "-n", "--", "sleep", "infinity"])
@@ -412,12 +412,81 @@ def test_a_namespace_held_after_its_init_died_keeps_the_record(
 
         report = engine.reconcile()
 
-        assert report.netdevs == [] and len(engine.netdevs.records()) == 1
-        assert link("net1", pid=holder.pid) is not None
+        assert report.netdevs == [f"{a}: move-back"] and report.forgotten == [box.id]
+        assert link("net1", pid=holder.pid) is None and link(a) is not None
+        assert engine.netdevs.records() == [] and engine.ledger.claims() == []
     finally:
         holder.kill()
         holder.wait()
-    assert engine.reconcile().netdevs == [f"{a}: forget"]
+
+
+def test_an_interface_left_out_by_an_older_agent_comes_back(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    """An agent before this rule forgot a restarted container's record and claims, and
+    left its interface in the pod: the next reconcile brings it back."""
+    a, _ = veth
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
+    holder = subprocess.Popen(["nsenter", "-t", str(box.pid), "-n", "--", "sleep", "infinity"])
+    try:
+        wanted = os.stat(f"/proc/{box.pid}/ns/net").st_ino
+        wait_for(
+            lambda: os.stat(f"/proc/{holder.pid}/ns/net").st_ino == wanted,
+            "the holder (nsenter) to enter the container's network namespace",
+        )
+        box.stop()
+        for claim in engine.ledger.claims():  # what the older agent's reconcile did
+            engine.ledger.release(claim.device, claim.owner)
+        engine.ledger.delete(box.id)
+
+        assert engine.reconcile().netdevs == [f"{a}: move-back"]
+        assert link("net1", pid=holder.pid) is None and link(a) is not None
+        assert engine.netdevs.records() == []
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_an_interface_not_provably_ours_keeps_its_devices_claims_until_it_is_gone(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    """The tenant hid ours in a namespace of its own inside the pod: nothing can be moved
+    back, so the claims stay while the pod's namespace lives, and go with it."""
+    a, b = veth
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
+    holder = subprocess.Popen(["nsenter", "-t", str(box.pid), "-n", "--", "sleep", "infinity"])
+    hidden = subprocess.Popen(["unshare", "-n", "--", "sleep", "infinity"])
+    try:
+        wanted = os.stat(f"/proc/{box.pid}/ns/net").st_ino
+        wait_for(
+            lambda: os.stat(f"/proc/{holder.pid}/ns/net").st_ino == wanted,
+            "the holder (nsenter) to enter the container's network namespace",
+        )
+        wait_for(
+            lambda: (
+                os.stat(f"/proc/{hidden.pid}/ns/net").st_ino != os.stat("/proc/self/ns/net").st_ino
+            ),
+            "unshare to make its own network namespace",
+        )
+        ip("link", "set", "net1", "netns", str(hidden.pid), pid=box.pid).check_returncode()
+        box.stop()
+
+        assert engine.reconcile().forgotten == []
+        [kept] = engine.ledger.records()  # the dead container's, with its claims
+        assert [c.device for c in engine.ledger.claims()] == list(kept.devices)
+        assert len(engine.netdevs.records()) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+        hidden.kill()
+        hidden.wait()
+    wait_for(
+        lambda: link(b) is None,
+        "the kernel to destroy the veth (and its host-side peer) with the hidden namespace",
+        show=lambda: link(b),
+    )
+    report = engine.reconcile()
+    assert report.forgotten == [box.id] and engine.ledger.claims() == []
     assert engine.netdevs.records() == []
 
 
@@ -451,6 +520,38 @@ def test_an_rdma_nics_interface_goes_only_with_that_nic(
     assert link("net1", pid=box.pid) is not None
     rdma_engine.unmount(box.id)
     assert link(a) is not None
+
+
+def test_a_restarted_container_gives_back_the_nics_interface_with_its_claim(
+    rdma_engine: Engine, tmp_path: Path, rootfs: Path, veth: tuple[str, str]
+) -> None:
+    """A pod as the kubelet runs it with runc: a sandbox holds the network namespace, the
+    app container joins it. The app restarts: its devices and their claims go, and the
+    NIC's interface must go with them, not stay in the pod with no claim behind it (the
+    tenant could mount more allow-listed interfaces while the NIC is free for others)."""
+    a, _ = veth
+    sandbox = RuncContainer(tmp_path, rootfs, "v1")
+    running = [sandbox]
+    try:
+        app = RuncContainer(tmp_path, rootfs, "v1", share_net_with=sandbox)
+        running.append(app)
+        spec = NetdevSpec(name=a)
+        rdma_engine.mount(app.id, [GPU0], rdma=["rdma/mlx5_0"], netdev=spec)
+        assert "rdma/mlx5_0" in {c.device for c in rdma_engine.ledger.claims()}
+        assert link("net1", pid=sandbox.pid) is not None
+
+        app.stop()  # the kubelet restarts it: a new container in the same sandbox
+        running.remove(app)
+        restarted = RuncContainer(tmp_path, rootfs, "v1", share_net_with=sandbox)
+        running.append(restarted)
+        report = rdma_engine.reconcile()
+
+        assert report.forgotten == [app.id] and report.netdevs == [f"{a}: move-back"]
+        assert rdma_engine.ledger.claims() == [] and rdma_engine.netdevs.records() == []
+        assert link("net1", pid=restarted.pid) is None and link(a) is not None
+    finally:
+        for container in reversed(running):
+            container.stop()
 
 
 def test_the_hosts_namespace_is_pid_1s_or_kthreadds_never_a_guess(
