@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, IPvAnyNetwork, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import flags, rdma_resources
@@ -58,6 +58,14 @@ class AgentSettings(BaseSettings):
             "never the node's primary ones (default: none, the feature is off)"
         ),
         json_schema_extra={"metavar": "NAME"},
+    )
+    netdev_address_cidr: list[IPvAnyNetwork] = Field(
+        default=[],
+        description=(
+            "where addresses a mount asks for on a moved interface may lie (a CIDR, e.g. "
+            "10.10.0.0/24); never one the node holds (default: none, no addresses are set)"
+        ),
+        json_schema_extra={"metavar": "CIDR"},
     )
     state_dir: Path = Field(default=DEFAULT_STATE_DIR, description="the ledger's directory")
     use_nvml: bool = Field(default=True, description="enumerate GPUs with NVML when it loads")

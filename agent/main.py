@@ -50,6 +50,7 @@ def engine_from(settings: AgentSettings) -> Engine:
             stop_grace=settings.stop_grace,
             sys_root=settings.sys_root,
             netdev_allow=tuple(settings.netdev_allow),
+            netdev_address_cidrs=tuple(settings.netdev_address_cidr),
         )
     )
 

@@ -36,7 +36,7 @@ from hotmount.hostfs import HostRoot
 from hotmount.ledger import ContainerRecord, DeviceRecord, Ledger, NodeRecord, PendingOp, now
 from hotmount.liveness import Liveness
 from hotmount.netdev.moves import Netdevs
-from hotmount.netdev.plan import NetdevRefused, NetdevSpec
+from hotmount.netdev.plan import NetdevRefused, NetdevSpec, Network
 from hotmount.reconcile import repair_drift, sweep_claims
 from hotmount.results import (
     ContainerStatus,
@@ -62,6 +62,7 @@ class EngineConfig:
     stop_grace: float = 10.0
     sys_root: Path | None = None  # where /sys is read for RDMA and PCIe places (default: host)
     netdev_allow: tuple[str, ...] = ()  # interfaces (names, globs) that may move; empty: none
+    netdev_address_cidrs: tuple[Network, ...] = ()  # where set addresses may lie; empty: none
 
 
 class Engine:
@@ -74,7 +75,12 @@ class Engine:
         self._proc = os.fspath(self.host.proc)
         self.grants = CgroupGrants(self.layout)
         self.ledger = Ledger(self.config.state_dir)
-        self.netdevs = Netdevs(self.host, self.config.state_dir, self.config.netdev_allow)
+        self.netdevs = Netdevs(
+            self.host,
+            self.config.state_dir,
+            self.config.netdev_allow,
+            address_cidrs=self.config.netdev_address_cidrs,
+        )
         self.inventory = self.load_inventory()
 
     def load_inventory(self) -> Inventory:
@@ -416,9 +422,20 @@ class Engine:
                 except HotmountError as exc:
                     report.errors[record.key] = exc.message
                     log.warning("reconcile %s: %s", record.key, exc.message)
+        self._return_orphan_interfaces(report)
         sweep_claims(self.ledger, self.inventory)
-        report.netdevs = self.netdevs.reconcile(self.ledger.lock)
+        report.netdevs += self.netdevs.reconcile(self.ledger.lock)
         return report
+
+    def _return_orphan_interfaces(self, report: ReconcileReport) -> None:
+        """Interfaces whose container no record stands behind any more (left by an agent
+        before this rule, or by an unmount whose move back failed) go back too."""
+        for container in sorted({r.container for r in self.netdevs.records()}):
+            with self.ledger.lock(container):
+                if self.ledger.load(container) is not None:
+                    continue
+                back, _ = self.netdevs.release(container)
+                report.netdevs += back
 
     def _mount_with_netdev(
         self,
@@ -474,6 +491,17 @@ class Engine:
     def _reconcile_one(self, record: ContainerRecord, report: ReconcileReport) -> None:
         container = self._live(record)
         if container is None:
+            # A NIC's claim and its interface go together: the interface back to the host
+            # first (a restarted container's pod keeps the namespace, and the interface
+            # in it); while one stays out, so do the record and its devices' claims.
+            back, out = self.netdevs.release(record.key)
+            report.netdevs += back
+            if out:
+                names = ", ".join(r.host_name for r in out)
+                log.info(
+                    "keeping %s's claims until its interfaces (%s) are back", record.key, names
+                )
+                return
             for key in record.devices:
                 self.ledger.release(key, record.key)
             self.ledger.delete(record.key)

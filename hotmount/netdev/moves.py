@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,6 +30,10 @@ from hotmount.netdev.plan import (
     NetdevRecord,
     NetdevRefused,
     NetdevSpec,
+    Network,
+    NodeTraffic,
+    carriers,
+    check_address_policy,
     check_addresses,
     check_allowed,
     check_name,
@@ -61,9 +65,11 @@ class Netdevs:
         state_dir: Path,
         allow: Iterable[str],
         clock: Callable[[], float] = time.monotonic,
+        address_cidrs: Iterable[Network] = (),
     ) -> None:
         self.host = host
         self.allow = tuple(allow)
+        self.address_cidrs = tuple(address_cidrs)  # where addresses may be set; none: no address
         self.dir = state_dir / "netdevs"
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._clock = clock
@@ -108,39 +114,53 @@ class Netdevs:
 
     # -- checks, before anything is touched
     def check(self, spec: NetdevSpec, name: str) -> None:
-        """Allowed, not primary, on the host now; the inside name and addresses valid."""
+        """Allowed, not primary, on the host now; the inside name and addresses valid, and
+        the addresses inside `--netdev-address-cidr` and none the node holds (now)."""
         check_name(spec.inside, "inside name")
         check_addresses(spec.addresses)
         with self._host() as ipr:
-            self._allowed_link(netlink.links(ipr), netlink.default_route_oifs(ipr), name)
+            traffic = self._traffic(ipr)
+            self._allowed_link(netlink.links(ipr), carriers(traffic), name)
+            check_address_policy(spec.addresses, self.address_cidrs, traffic.held_addresses())
 
-    def _allowed_link(self, links: list[LinkInfo], oifs: set[int], name: str) -> LinkInfo:
+    def _allowed_link(
+        self, links: list[LinkInfo], carrying: Mapping[int, str] | Iterable[int], name: str
+    ) -> LinkInfo:
         """The link called `name` in this one listing, checked against the primary set
         and the allow-list computed from the same listing (by ifindex: a name can pass
         to another interface between two listings)."""
-        check_allowed(name, self.allow, primary_interfaces(links, oifs))
+        check_allowed(name, self.allow, primary_interfaces(links, carrying))
         found = [link for link in links if link.name == name]
         if not found:
             raise NetdevNotFound(f"interface {name} is not in the host's network namespace")
-        if found[0].index in primary_indexes(links, oifs):
+        if found[0].index in primary_indexes(links, carrying):
             raise NetdevRefused(f"interface {name} is one of the node's primary interfaces")
         return found[0]
+
+    def _traffic(self, host: IPRoute) -> NodeTraffic:
+        """What carries the node's traffic, read at this moment (`host`: its namespace)."""
+        fd = self._host_ns_fd()
+        try:
+            return netlink.traffic(host, fd)
+        finally:
+            os.close(fd)
 
     def choose(self, candidates: Iterable[str]) -> str:
         """`withNetdev` without a name: the first of the NIC's interfaces the allow-list
         lets move (an SR-IOV VF or a macvlan child is named explicitly instead)."""
         names = list(candidates)
+        refusals = []
         for name in names:
             try:
                 self.check(NetdevSpec(), name)
                 return name
-            except (NetdevRefused, NetdevNotFound):
-                continue
+            except (NetdevRefused, NetdevNotFound) as exc:
+                refusals.append(exc.message)
         if not names:
             raise NetdevRefused("withNetdev: the RDMA device has no network interface; name one")
         raise NetdevRefused(
             f"withNetdev: none of the RDMA device's interfaces ({', '.join(names)}) may move "
-            "here (allow-list, primary, or not on the host); name one"
+            f"here: {'; '.join(refusals)}"
         )
 
     # -- attach and detach (call under the container's operation lock)
@@ -161,7 +181,10 @@ class Netdevs:
                 raise NetdevConflict(f"container {container} already has an {spec.inside}")
             with self._host() as host:
                 links = netlink.links(host)
-                link = self._allowed_link(links, netlink.default_route_oifs(host), name)
+                traffic = self._traffic(host)
+                link = self._allowed_link(links, carriers(traffic), name)
+                held = traffic.held_addresses()
+                check_address_policy(spec.addresses, self.address_cidrs, held)
                 record = NetdevRecord(
                     container=container,
                     init_pid=init_pid,
@@ -198,8 +221,10 @@ class Netdevs:
         log.info("moved %s into %s as %s", name, container, spec.inside)
         return record
 
-    def detach(self, record: NetdevRecord) -> None:
-        """Back to the host under its old name and state; the record goes last."""
+    def detach(self, record: NetdevRecord) -> Action:
+        """Back to the host under its old name and state; the record goes last. What was
+        done: moved back, restored on the host already, or (its namespace gone) what
+        reconcile decides."""
         record.phase = "detaching"
         self._save(record)
         try:
@@ -208,18 +233,20 @@ class Netdevs:
                 netlink.rtnl(ns_fd) as inside,
                 self._host() as host,
             ):
-                self._undo(record, inside, host, quiet=False)
+                action = self._undo(record, inside, host, quiet=False)
         except ContainerNotFound:
-            if self.reconcile_one(record, alive=False) is Action.WAIT:
+            action = self.reconcile_one(record, alive=False)
+            if action is Action.WAIT:
                 log.info(
                     "%s left with %s's network namespace; reconcile restores it when the "
                     "kernel returns it",
                     record.host_name,
                     record.container,
                 )
-            return
+            return action
         self._drop(record)
         log.info("moved %s back from %s", record.host_name, record.container)
+        return action
 
     def leaving(self, container: str, remaining: Iterable[str]) -> list[str]:
         """Detach the interfaces none of whose devices are left; their host names."""
@@ -231,9 +258,33 @@ class Netdevs:
                 out.append(record.host_name)
         return out
 
+    def release(self, container: str) -> tuple[list[str], list[NetdevRecord]]:
+        """Bring back every interface of a container whose devices are gone (it died:
+        restarted in its pod, or the pod is gone). A restarted container's namespace
+        lives on in its pod's sandbox, and so would the interface, in the tenant's hands
+        with no claim behind it: so it moves back now, found through any process still
+        in that namespace. Returns what was done ("<host name>: <action>"), and the records still
+        out (in transit with a dying namespace, or not provably ours in a live one):
+        their devices' claims must stay until these are gone (call under the lock)."""
+        back = []
+        for record in self.records(container):
+            try:
+                action = self.detach(record)
+            except HotmountError as exc:
+                log.warning(
+                    "%s of %s stays out, and its claims with it: %s",
+                    record.host_name,
+                    container,
+                    exc.message,
+                )
+                continue
+            if action not in (Action.KEEP, Action.WAIT):
+                back.append(f"{record.host_name}: {action}")
+        return back, self.records(container)
+
     def _undo(
         self, record: NetdevRecord, inside: IPRoute, host: IPRoute, quiet: bool = True
-    ) -> None:
+    ) -> Action:
         """Wherever it is, give it back its host name and state. Only the interface proven
         ours moves (find_inside): never one the tenant named or addressed like it."""
         try:
@@ -259,8 +310,9 @@ class Netdevs:
             if not quiet:
                 raise
             log.warning("rollback of %s: %s", record.host_name, exc.message)
-            return
+            return Action.KEEP
         self._drop(record)
+        return Action.MOVE_BACK if found is not None else Action.RESTORE
 
     def _find_inside(self, record: NetdevRecord, inside: IPRoute, host: IPRoute) -> LinkInfo | None:
         host_ns = self._host_ns_fd()
@@ -273,7 +325,7 @@ class Netdevs:
     def _restore(self, record: NetdevRecord, host: IPRoute, now: LinkInfo | None = None) -> None:
         links = netlink.links(host)
         if now is None:
-            primary = primary_indexes(links, netlink.default_route_oifs(host))
+            primary = primary_indexes(links, carriers(self._traffic(host)))
             now = find_returned(links, record, primary)
         if now is None:
             return
@@ -316,7 +368,7 @@ class Netdevs:
             if inside is not None:
                 in_container = self._find_inside(record, inside, host)
             links = netlink.links(host)
-            primary = primary_indexes(links, netlink.default_route_oifs(host))
+            primary = primary_indexes(links, carriers(self._traffic(host)))
             on_host = find_returned(links, record, primary)
             nowhere = inside is None and on_host is None
             action = decide(

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import ipaddress
 import os
 import socket
+import struct
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +26,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from hotmount.errors import KernelError
-from hotmount.netdev.plan import LinkInfo
+from hotmount.netdev.plan import LinkInfo, NexthopFact, NodeTraffic, RouteFact
 
 
 class NetlinkFailed(KernelError):
@@ -133,21 +135,105 @@ def nsid_of(ipr: IPRoute, netns_fd: int) -> int | None:
     return None if nsid is None or not 0 <= nsid < 2**31 else nsid  # -1: none (u32)
 
 
-def default_route_oifs(ipr: IPRoute) -> set[int]:
-    """Interfaces the node's own traffic leaves by: those of a default route, or of any
-    route through a gateway (IPv4 or IPv6, every table, multipath hops included)."""
-    out: set[int] = set()
+def traffic(ipr: IPRoute, netns_fd: int | None = None) -> NodeTraffic:
+    """What carries traffic in `ipr`'s namespace (`netns_fd` names the same one, for the
+    nexthop objects pyroute2 cannot dump): every address, every route of both families
+    in every table (multipath hops included), every nexthop object."""
+    held = []
+    routes = []
+    with failing_as("listing addresses"):
+        for msg in ipr.get_addr():
+            address = _attr(msg, "IFA_LOCAL") or _attr(msg, "IFA_ADDRESS")
+            if address is not None:
+                held.append((msg["index"], f"{address}/{msg['prefixlen']}"))
     with failing_as("listing routes"):
-        for family in (socket.AF_INET, socket.AF_INET6):
+        for family, anywhere in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
             for route in ipr.get_routes(family=family):  # every table (no filter)
-                if route["dst_len"] != 0 and _attr(route, "RTA_GATEWAY") is None:
-                    continue
-                oif = _attr(route, "RTA_OIF")
-                if oif is not None:
-                    out.add(oif)
-                for hop in _attr(route, "RTA_MULTIPATH") or []:
-                    out.add(hop["oif"])
-    return out
+                oifs = [_attr(route, "RTA_OIF")]
+                oifs += [hop["oif"] for hop in _attr(route, "RTA_MULTIPATH") or []]
+                routes.append(
+                    RouteFact(
+                        destination=f"{_attr(route, 'RTA_DST') or anywhere}/{route['dst_len']}",
+                        table=_attr(route, "RTA_TABLE") or route["table"],
+                        oifs=tuple(oif for oif in oifs if oif),
+                        kernel=route["proto"] == _RTPROT_KERNEL,
+                    )
+                )
+    return NodeTraffic(tuple(held), tuple(routes), tuple(nexthops(netns_fd)))
+
+
+_RTPROT_KERNEL = 2
+_RTM_NEWNEXTHOP, _RTM_GETNEXTHOP = 104, 106
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_NHA_ID, _NHA_GROUP, _NHA_OIF = 1, 2, 5
+_NO_NEXTHOPS = (errno.EOPNOTSUPP, errno.EINVAL, errno.EAFNOSUPPORT)  # before Linux 5.3
+
+
+def nexthops(netns_fd: int | None = None) -> list[NexthopFact]:
+    """Every nexthop object (`ip nexthop`): RTM_GETNEXTHOP, which pyroute2 does not speak,
+    dumped on a socket of its own; none on a kernel without them."""
+    try:
+        sock = (
+            socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_ROUTE)
+            if netns_fd is None
+            else socket_in(netns_fd)
+        )
+    except OSError as exc:
+        raise NetlinkFailed(f"opening netlink: {exc}") from exc
+    with sock:
+        header = struct.pack("=IHHII", 24, _RTM_GETNEXTHOP, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
+        try:
+            sock.bind((0, 0))
+            sock.send(header + struct.pack("=BBBBI", socket.AF_UNSPEC, 0, 0, 0, 0))
+            out: list[NexthopFact] = []
+            while True:
+                data = sock.recv(1 << 16)
+                for kind, body in _messages(data):
+                    if kind == _NLMSG_DONE:
+                        return out
+                    if kind == _NLMSG_ERROR:
+                        code = -struct.unpack_from("=i", body)[0]
+                        if code == 0:
+                            continue
+                        if code in _NO_NEXTHOPS:
+                            return []
+                        raise OSError(code, os.strerror(code))
+                    if kind == _RTM_NEWNEXTHOP:
+                        out.append(_nexthop(body))
+        except OSError as exc:
+            raise NetlinkFailed(f"listing nexthop objects: {exc}") from exc
+
+
+def _messages(data: bytes) -> Iterator[tuple[int, bytes]]:
+    offset = 0
+    while offset + 16 <= len(data):
+        length, kind = struct.unpack_from("=IH", data, offset)
+        if length < 16:
+            return
+        yield kind, data[offset + 16 : offset + length]
+        offset += (length + 3) & ~3
+
+
+def _nexthop(body: bytes) -> NexthopFact:
+    """struct nhmsg (8 bytes), then its attributes: NHA_ID, NHA_OIF, NHA_GROUP (an array of
+    struct nexthop_grp: u32 id, u8 weight, u8, u16)."""
+    nh_id, oif, group = 0, None, ()
+    offset = 8
+    while offset + 4 <= len(body):
+        length, kind = struct.unpack_from("=HH", body, offset)
+        if length < 4:
+            break
+        value = body[offset + 4 : offset + length]
+        kind &= 0x3FFF  # NLA_F_NESTED, NLA_F_NET_BYTEORDER
+        if kind == _NHA_ID:
+            nh_id = struct.unpack("=I", value[:4])[0]
+        elif kind == _NHA_OIF:
+            oif = struct.unpack("=I", value[:4])[0]
+        elif kind == _NHA_GROUP:
+            group = tuple(struct.unpack_from("=I", value, i)[0] for i in range(0, len(value), 8))
+        offset += (length + 3) & ~3
+    return NexthopFact(nh_id, oif, group)
 
 
 def addresses(ipr: IPRoute, index: int) -> list[str]:

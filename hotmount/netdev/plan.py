@@ -1,12 +1,24 @@
 """Network interfaces moved into a container: what may move, and what reconcile does. Pure.
 
 An interface moved out of the host's network namespace is gone from the node:
-move the default-route interface and the node is off the network. So the agent
-moves only what its operator allowed (`--netdev-allow`, names or globs; empty:
-the feature is off), and never a *primary* interface: one a default route (or
-any route through a gateway) leaves by, what it sits on (a VLAN's or macvlan's
-parent, followed down), and what is enslaved to it (a bridge's or bond's
-members). `lo` never moves.
+move the default-route interface and the node is off the network; move a storage or
+cluster interface that only has connected routes and the node loses that network.
+So the agent moves only what its operator allowed (`--netdev-allow`, names or globs;
+empty: the feature is off), and never a *primary* interface, one that carries the
+node's traffic (`carriers`, from `NodeTraffic`): a host address other than a
+link-local one, a route in any table of either family (the kernel's own link-local
+and multicast routes aside), a nexthop object; nor one linked to such an interface
+through the upper/lower graph (IFLA_LINK: a VLAN, macvlan or ipvlan and its parent;
+IFLA_MASTER: a bond, bridge or team and its members), followed both ways and
+transitively: moving a lower takes its uppers with it (the kernel deletes them), a
+member leaves its master, and an upper can take its lower's traffic (a passthru
+macvlan, an ipvlan). A veth's peer is not followed: it is a link of its own.
+`lo` never moves.
+
+The agent sets addresses on a moved interface only inside the CIDRs its operator
+names (`--netdev-address-cidr`; none: no addresses), and never one the node holds
+(`check_address_policy`): else a pod could take over a gateway's or a storage
+server's address on the node's network.
 
 The move is recorded with intent before it happens (`phase`), so that after a
 crash reconcile finds where the interface is and finishes the job:
@@ -41,7 +53,7 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -86,34 +98,142 @@ class LinkInfo:
     perm_mac: str | None = None  # IFLA_PERM_ADDRESS: the NIC's burnt-in MAC, where known
 
 
-def primary_interfaces(links: Iterable[LinkInfo], default_oifs: Iterable[int]) -> set[str]:
-    """The node's own interfaces' names: see `primary_indexes`."""
-    links = list(links)
-    by_index = {link.index: link for link in links}
-    return {by_index[i].name for i in primary_indexes(links, default_oifs)} | {"lo"}
+# Networks whose kernel-made routes and addresses are no sign of the node's traffic: an
+# interface that is up gets them by itself (IPv6 fe80::/64, ff00::/8 in table local).
+LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+_MULTICAST = (ipaddress.ip_network("224.0.0.0/4"), ipaddress.ip_network("ff00::/8"))
 
 
-def primary_indexes(links: Iterable[LinkInfo], default_oifs: Iterable[int]) -> set[int]:
-    """The node's own interfaces: default-route ones, what they sit on, their members
-    (and loopback), by ifindex: a name can change between two listings, an index not."""
-    links = list(links)
-    by_index = {link.index: link for link in links}
-    primary: set[int] = set()
-    todo = [i for i in default_oifs if i in by_index]
-    while todo:
-        index = todo.pop()
-        if index in primary:
+@dataclass(frozen=True)
+class RouteFact:
+    """One route (RTM_NEWROUTE): the interfaces it leaves by, as the kernel shows them."""
+
+    destination: str  # "10.9.0.0/16", "default" as "0.0.0.0/0"
+    table: int
+    oifs: tuple[int, ...] = ()  # RTA_OIF and each multipath hop's
+    nexthop_id: int | None = None  # RTA_NH_ID: a route through a nexthop object
+    kernel: bool = False  # proto kernel: made by the kernel for an address or a link
+
+
+@dataclass(frozen=True)
+class NexthopFact:
+    """One nexthop object (`ip nexthop`): its device, or the objects of its group."""
+
+    id: int
+    oif: int | None = None
+    group: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeTraffic:
+    """What carries the node's traffic in the host's namespace, read in one go."""
+
+    addresses: tuple[tuple[int, str], ...] = ()  # (ifindex, "10.0.0.5/24")
+    routes: tuple[RouteFact, ...] = ()
+    nexthops: tuple[NexthopFact, ...] = ()
+
+    def held_addresses(self) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        """Every address the node holds, on any interface (link-local ones too)."""
+        return {ipaddress.ip_interface(text).ip for _, text in self.addresses}
+
+
+def _within(network: ipaddress.IPv4Network | ipaddress.IPv6Network, nets: tuple) -> bool:
+    return any(
+        network.version == net.version and network.subnet_of(net)  # type: ignore[arg-type]
+        for net in nets
+    )
+
+
+def carriers(traffic: NodeTraffic) -> dict[int, str]:
+    """The interfaces that carry the node's traffic themselves, each with why (by ifindex)."""
+    why: dict[int, str] = {}
+    for index, text in traffic.addresses:
+        if not _within(ipaddress.ip_interface(text).network, LINK_LOCAL):
+            why.setdefault(index, f"it holds the node's address {text}")
+    nexthops = {nh.id: nh for nh in traffic.nexthops}
+    for nh in traffic.nexthops:
+        if nh.oif is not None:
+            why.setdefault(nh.oif, f"nexthop object {nh.id} uses it")
+    for route in traffic.routes:
+        destination = ipaddress.ip_network(route.destination, strict=False)
+        if route.kernel and _within(destination, LINK_LOCAL + _MULTICAST):
             continue
-        primary.add(index)
-        lower = by_index[index].link
-        # A veth's `link` is its peer, not what it sits on: it does not carry the route.
-        if lower is not None and lower in by_index and by_index[index].kind != "veth":
-            todo.append(lower)
-        todo += [m.index for m in links if m.master == index]
-    return primary | {link.index for link in links if link.name == "lo"}
+        shown = "default" if destination.prefixlen == 0 else str(destination)
+        reason = f"route {shown} in table {route.table} uses it"
+        for oif in (*route.oifs, *_nexthop_oifs(route.nexthop_id, nexthops)):
+            why.setdefault(oif, reason)
+    return why
 
 
-def check_allowed(name: str, allow: Iterable[str], primary: set[str]) -> None:
+def _nexthop_oifs(nexthop_id: int | None, nexthops: dict[int, NexthopFact]) -> list[int]:
+    """The devices a nexthop object leads to, through its groups (cycle-safe)."""
+    out, seen, todo = [], set(), [nexthop_id] if nexthop_id is not None else []
+    while todo:
+        nh = nexthops.get(todo.pop())
+        if nh is None or nh.id in seen:
+            continue
+        seen.add(nh.id)
+        if nh.oif is not None:
+            out.append(nh.oif)
+        todo += nh.group
+    return out
+
+
+def primary_reasons(
+    links: Iterable[LinkInfo], carrying: Mapping[int, str] | Iterable[int]
+) -> dict[int, str]:
+    """The node's own interfaces, by ifindex (a name can change between two listings, an
+    index not), each with why: those `carrying` the node's traffic (see `carriers`), all
+    that is linked to one through IFLA_LINK or IFLA_MASTER in either direction, and
+    loopback."""
+    links = list(links)
+    by_index = {link.index: link for link in links}
+    if not isinstance(carrying, Mapping):
+        carrying = {index: "a route uses it" for index in carrying}
+    neighbours: dict[int, set[int]] = {link.index: set() for link in links}
+    for link in links:
+        # A veth's `link` is its peer, not what it sits on; one in another namespace
+        # (IFLA_LINK_NETNSID) numbers an interface there.
+        lower = None if link.kind == "veth" or link.link_netnsid is not None else link.link
+        for other in (lower, link.master):
+            if other is not None and other in by_index and other != link.index:
+                neighbours[link.index].add(other)
+                neighbours[other].add(link.index)
+    primary: dict[int, str] = {}
+    for start, reason in carrying.items():
+        if start not in by_index or start in primary:
+            continue
+        primary[start] = reason
+        todo = [start]
+        while todo:
+            for near in neighbours[todo.pop()]:
+                if near not in primary:
+                    name = by_index[start].name
+                    primary[near] = f"it sits under or over {name}, which carries it: {reason}"
+                    todo.append(near)
+    for link in links:
+        if link.name == "lo":
+            primary[link.index] = "it is the loopback"
+    return primary
+
+
+def primary_interfaces(
+    links: Iterable[LinkInfo], carrying: Mapping[int, str] | Iterable[int]
+) -> dict[str, str]:
+    """The node's own interfaces' names, each with why: see `primary_reasons`."""
+    links = list(links)
+    by_index = {link.index: link for link in links}
+    reasons = primary_reasons(links, carrying)
+    return {"lo": "it is the loopback"} | {by_index[i].name: why for i, why in reasons.items()}
+
+
+def primary_indexes(
+    links: Iterable[LinkInfo], carrying: Mapping[int, str] | Iterable[int]
+) -> set[int]:
+    return set(primary_reasons(links, carrying))
+
+
+def check_allowed(name: str, allow: Iterable[str], primary: Mapping[str, str] | set[str]) -> None:
     """Refuse, with the reason, an interface the agent must not move."""
     allow = list(allow)
     check_name(name)
@@ -122,14 +242,42 @@ def check_allowed(name: str, allow: Iterable[str], primary: set[str]) -> None:
             "moving network interfaces is off on this node (the agent has no --netdev-allow)"
         )
     if name in primary:
+        why = primary[name] if isinstance(primary, Mapping) else "it carries the node's traffic"
         raise NetdevRefused(
-            f"interface {name} is one of the node's primary interfaces (default route, or "
-            "under or over one); it is never moved"
+            f"interface {name} is one of the node's primary interfaces, which carry the "
+            f"node's traffic ({why}); it is never moved"
         )
     if not any(fnmatch.fnmatchcase(name, pattern) for pattern in allow):
         raise NetdevRefused(
             f"interface {name} is not in this node's allow-list (--netdev-allow {' '.join(allow)})"
         )
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def check_address_policy(
+    addresses: Iterable[str],
+    allowed: Iterable[Network],
+    held: set[ipaddress.IPv4Address | ipaddress.IPv6Address],
+) -> None:
+    """Each requested address must lie, with its prefix, inside a CIDR the operator named
+    (`--netdev-address-cidr`; none: no address at all) and be none the node holds."""
+    allowed = list(allowed)
+    for text in addresses:
+        iface = ipaddress.ip_interface(text)
+        if not allowed:
+            raise NetdevRefused(
+                f"address {text} refused: this node sets no addresses on moved interfaces "
+                "(the agent has no --netdev-address-cidr)"
+            )
+        if not _within(iface.network, tuple(allowed)):
+            raise NetdevRefused(
+                f"address {text} is outside the CIDRs this node allows "
+                f"(--netdev-address-cidr {' '.join(str(n) for n in allowed)})"
+            )
+        if iface.ip in held:
+            raise NetdevRefused(f"address {iface.ip} is held by the node itself: refused")
 
 
 def check_addresses(addresses: Iterable[str]) -> list[str]:

@@ -68,7 +68,7 @@ def test_a_named_interface_with_mtu_and_addresses(
     cluster: Cluster, sys_root: Path, veth: str
 ) -> None:
     container = cluster.pod("nb")
-    agent = cluster.agent(extra=["--netdev-allow", veth])
+    agent = cluster.agent(extra=["--netdev-allow", veth, "--netdev-address-cidr", "10.66.0.0/24"])
     with agent.client(ALICE) as api:
         netdev_body = {"name": veth, "inside": "hpc0", "mtu": 1280, "addresses": ["10.66.0.2/24"]}
         mounted = api.post(PODS, json={"devices": ["1"], "netdev": netdev_body})
@@ -134,3 +134,51 @@ def test_off_without_an_allow_list(cluster: Cluster, veth: str) -> None:
 
         assert refused.status_code == 400 and "--netdev-allow" in refused.json()["message"]
     assert link(veth) is not None
+
+
+@pytest.mark.parametrize(
+    ("flags", "address", "words"),
+    [
+        ([], "10.66.0.2/24", "no --netdev-address-cidr"),
+        (["--netdev-address-cidr", "10.66.0.0/24"], "10.67.0.2/24", "outside the CIDRs"),
+        (["--netdev-address-cidr", "10.66.0.0/24"], "10.66.0.9/24", "held by the node"),
+    ],
+    ids=["default-none", "outside", "node-held"],
+)
+def test_an_address_the_operator_did_not_allow_is_400_and_nothing_moves(
+    cluster: Cluster, flags: list[str], address: str, words: str
+) -> None:
+    """The node holds 10.66.0.9 (on the peer of the veth asked for): a pod would take it."""
+    container = cluster.pod("nb")
+    with veth_pair() as (end, peer):
+        subprocess.run(["ip", "addr", "add", "10.66.0.9/24", "dev", peer], check=True)
+        agent = cluster.agent(extra=["--netdev-allow", end, *flags])
+        with agent.client(ALICE) as api:
+            body = {"devices": ["0"], "netdev": {"name": end, "addresses": [address]}}
+            refused = api.post(PODS, json=body)
+
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["reason"] == "NetdevRefused"
+            assert words in refused.json()["message"]
+            assert f"nvidia{GPUS[0].minor}" not in container.ls_dev()
+        assert link(end) is not None and link("net1", pid=container.pid) is None
+
+
+def test_with_netdev_refuses_a_nic_interface_that_carries_the_nodes_traffic(
+    cluster: Cluster, sys_root: Path, veth: str
+) -> None:
+    """The PF withNetdev picks holds a node address (a RoCE storage network): refused, and
+    the error says why; neither the GPU nor the NIC is mounted."""
+    subprocess.run(["ip", "addr", "add", "10.68.0.1/24", "dev", veth], check=True)
+    container = cluster.pod("nb")
+    agent = cluster.agent(extra=["--sys-root", str(sys_root), "--netdev-allow", veth[:-1] + "*"])
+    with agent.client(ALICE) as api:
+        body = {"devices": ["0"], "withRdma": True, "withNetdev": True}
+        refused = api.post(PODS, json=body)
+
+        assert refused.status_code == 400, refused.text
+        message = refused.json()["message"]
+        assert "withNetdev" in message and "carry the node's traffic" in message
+        assert "address 10.68.0.1/24" in message
+        assert f"nvidia{GPUS[0].minor}" not in container.ls_dev()
+    assert link(veth) is not None and link("net1", pid=container.pid) is None

@@ -326,6 +326,17 @@ def test_values_reach_the_agent(monkeypatch: pytest.MonkeyPatch):
     assert settings.stop_grace == 30
 
 
+def test_netdev_address_cidrs_reach_the_agent(monkeypatch: pytest.MonkeyPatch):
+    """None by default (no addresses are set); each CIDR given becomes one flag."""
+    for name in ("NODE_NAME", "POD_NAMESPACE"):
+        monkeypatch.delenv(name, raising=False)
+    default = load_settings(agent_argv(find(render(), "DaemonSet")))
+    assert default.netdev_address_cidr == []
+    objects = render("netdevAddressCidrs={10.10.0.0/24,fd10::/64}")
+    settings = load_settings(agent_argv(find(objects, "DaemonSet")))
+    assert [str(n) for n in settings.netdev_address_cidr] == ["10.10.0.0/24", "fd10::/64"]
+
+
 EXTRAS = {
     "extraVolumes": [{"name": "nvml", "hostPath": {"path": "/opt/nvml", "type": "Directory"}}],
     "extraVolumeMounts": [{"name": "nvml", "mountPath": "/opt/nvml", "readOnly": True}],

@@ -7,6 +7,7 @@ network namespace (`runc spec`'s default), which is where the interface goes.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -29,7 +30,7 @@ from hotmount.netdev.plan import (
     NetdevSpec,
 )
 from tests.kernel.conftest import GPU0, GPU1
-from tests.support.netdevs import ip, make_primary
+from tests.support.netdevs import SPARE_TABLE, ip, make_primary
 from tests.support.runc import RuncContainer
 from tests.support.sysfs import NICS, build_sysfs
 from tests.support.waiting import wait_for
@@ -55,9 +56,22 @@ def veth(prefix: str) -> tuple[str, str]:
     return a, b
 
 
-def make_engine(cdi_dir: Path, state_dir: Path, allow: tuple[str, ...]) -> Engine:
+# Where these tests' addresses lie: far from anything a test host uses.
+TEST_CIDRS = (ipaddress.ip_network("10.77.0.0/16"), ipaddress.ip_network("fd77::/64"))
+
+
+def make_engine(
+    cdi_dir: Path,
+    state_dir: Path,
+    allow: tuple[str, ...],
+    cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = TEST_CIDRS,
+) -> Engine:
     config = EngineConfig(
-        cdi_dirs=(str(cdi_dir),), state_dir=state_dir, use_nvml=False, netdev_allow=allow
+        cdi_dirs=(str(cdi_dir),),
+        state_dir=state_dir,
+        use_nvml=False,
+        netdev_allow=allow,
+        netdev_address_cidrs=cidrs,
     )
     return Engine(config)
 
@@ -110,8 +124,7 @@ def test_a_macvlan_child_moves_in_and_comes_back_with_its_state(
         check=True,
     )
     ip("link", "set", child, "mtu", "1300")
-    ip("addr", "add", "10.78.0.1/24", "dev", child)
-    ip("link", "set", child, "up")
+    ip("link", "set", child, "up")  # no address: one would make it the node's (refused)
 
     engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=child, inside="rdma0"))
 
@@ -121,9 +134,6 @@ def test_a_macvlan_child_moves_in_and_comes_back_with_its_state(
 
     back = link(child)
     assert back is not None and back["mtu"] == 1300 and "UP" in back["flags"]
-    assert [
-        f"{x['local']}/{x['prefixlen']}" for x in back["addr_info"] if x["family"] == "inet"
-    ] == ["10.78.0.1/24"]
 
 
 def test_a_killed_container_destroys_the_veth_and_reconcile_forgets_it(
@@ -253,6 +263,8 @@ def test_the_nodes_own_default_route_interface_is_primary(cdi_dir: Path, state_d
     ("allow", "name", "error", "words"),
     [
         (("*",), "primary", NetdevRefused, "primary"),
+        (("hm*",), "addressed", NetdevRefused, "address 10.79.0.1/24"),
+        (("hm*",), "routed", NetdevRefused, "route 10.79.0.0/16 in table 4242"),
         (("*",), "lo", NetdevRefused, "primary"),
         (("other*",), "veth", NetdevRefused, "allow-list"),
         ((), "veth", NetdevRefused, "off on this node"),
@@ -261,6 +273,8 @@ def test_the_nodes_own_default_route_interface_is_primary(cdi_dir: Path, state_d
     ],
     ids=[
         "spare-table-default-route",
+        "allowed-but-addressed",
+        "allowed-but-routed",
         "loopback",
         "not-allowed",
         "feature-off",
@@ -281,6 +295,15 @@ def test_refused_interfaces_change_nothing(
 ) -> None:
     if name == "primary":
         name = request.getfixturevalue("fake_primary")
+    if name == "addressed":  # only a connected route and an address: a storage network
+        ip("addr", "add", "10.79.0.1/24", "dev", veth[0]).check_returncode()
+        name = veth[0]
+    if name == "routed":  # no address: a route in another table names it
+        for end in veth:
+            ip("link", "set", end, "up").check_returncode()
+        add = ("route", "add", "10.79.0.0/16", "dev", veth[0], "table", SPARE_TABLE)
+        ip(*add).check_returncode()
+        name = veth[0]
     name = {"veth": veth[0]}.get(name, name)
     engine = make_engine(cdi_dir, state_dir, allow)
     with pytest.raises(error, match=words):
@@ -371,11 +394,11 @@ def test_a_deleted_interface_is_not_replaced_by_a_decoy_on_unmount(
     assert "nvidia0" not in box.ls_dev() and engine.ledger.records() == []
 
 
-def test_a_namespace_held_after_its_init_died_keeps_the_record(
+def test_a_namespace_held_after_its_init_died_gets_the_interface_taken_back(
     engine: Engine, box: RuncContainer, veth: tuple[str, str]
 ) -> None:
-    """A restarted container: its pod's sandbox holds the namespace, the interface lives
-    on in it. Reconcile keeps the record until the namespace is gone."""
+    """Its init dead, the namespace held by another process (as a pod's sandbox holds
+    it): the devices' records go, so the interface comes back, through that process."""
     a, _ = veth
     engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
     holder = subprocess.Popen(["nsenter", "-t", str(box.pid), "-n", "--", "sleep", "infinity"])
@@ -389,12 +412,81 @@ def test_a_namespace_held_after_its_init_died_keeps_the_record(
 
         report = engine.reconcile()
 
-        assert report.netdevs == [] and len(engine.netdevs.records()) == 1
-        assert link("net1", pid=holder.pid) is not None
+        assert report.netdevs == [f"{a}: move-back"] and report.forgotten == [box.id]
+        assert link("net1", pid=holder.pid) is None and link(a) is not None
+        assert engine.netdevs.records() == [] and engine.ledger.claims() == []
     finally:
         holder.kill()
         holder.wait()
-    assert engine.reconcile().netdevs == [f"{a}: forget"]
+
+
+def test_an_interface_left_out_by_an_older_agent_comes_back(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    """An agent before this rule forgot a restarted container's record and claims, and
+    left its interface in the pod: the next reconcile brings it back."""
+    a, _ = veth
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
+    holder = subprocess.Popen(["nsenter", "-t", str(box.pid), "-n", "--", "sleep", "infinity"])
+    try:
+        wanted = os.stat(f"/proc/{box.pid}/ns/net").st_ino
+        wait_for(
+            lambda: os.stat(f"/proc/{holder.pid}/ns/net").st_ino == wanted,
+            "the holder (nsenter) to enter the container's network namespace",
+        )
+        box.stop()
+        for claim in engine.ledger.claims():  # what the older agent's reconcile did
+            engine.ledger.release(claim.device, claim.owner)
+        engine.ledger.delete(box.id)
+
+        assert engine.reconcile().netdevs == [f"{a}: move-back"]
+        assert link("net1", pid=holder.pid) is None and link(a) is not None
+        assert engine.netdevs.records() == []
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_an_interface_not_provably_ours_keeps_its_devices_claims_until_it_is_gone(
+    engine: Engine, box: RuncContainer, veth: tuple[str, str]
+) -> None:
+    """The tenant hid ours in a namespace of its own inside the pod: nothing can be moved
+    back, so the claims stay while the pod's namespace lives, and go with it."""
+    a, b = veth
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a))
+    holder = subprocess.Popen(["nsenter", "-t", str(box.pid), "-n", "--", "sleep", "infinity"])
+    hidden = subprocess.Popen(["unshare", "-n", "--", "sleep", "infinity"])
+    try:
+        wanted = os.stat(f"/proc/{box.pid}/ns/net").st_ino
+        wait_for(
+            lambda: os.stat(f"/proc/{holder.pid}/ns/net").st_ino == wanted,
+            "the holder (nsenter) to enter the container's network namespace",
+        )
+        wait_for(
+            lambda: (
+                os.stat(f"/proc/{hidden.pid}/ns/net").st_ino != os.stat("/proc/self/ns/net").st_ino
+            ),
+            "unshare to make its own network namespace",
+        )
+        ip("link", "set", "net1", "netns", str(hidden.pid), pid=box.pid).check_returncode()
+        box.stop()
+
+        assert engine.reconcile().forgotten == []
+        [kept] = engine.ledger.records()  # the dead container's, with its claims
+        assert [c.device for c in engine.ledger.claims()] == list(kept.devices)
+        assert len(engine.netdevs.records()) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+        hidden.kill()
+        hidden.wait()
+    wait_for(
+        lambda: link(b) is None,
+        "the kernel to destroy the veth (and its host-side peer) with the hidden namespace",
+        show=lambda: link(b),
+    )
+    report = engine.reconcile()
+    assert report.forgotten == [box.id] and engine.ledger.claims() == []
     assert engine.netdevs.records() == []
 
 
@@ -428,6 +520,38 @@ def test_an_rdma_nics_interface_goes_only_with_that_nic(
     assert link("net1", pid=box.pid) is not None
     rdma_engine.unmount(box.id)
     assert link(a) is not None
+
+
+def test_a_restarted_container_gives_back_the_nics_interface_with_its_claim(
+    rdma_engine: Engine, tmp_path: Path, rootfs: Path, veth: tuple[str, str]
+) -> None:
+    """A pod as the kubelet runs it with runc: a sandbox holds the network namespace, the
+    app container joins it. The app restarts: its devices and their claims go, and the
+    NIC's interface must go with them, not stay in the pod with no claim behind it (the
+    tenant could mount more allow-listed interfaces while the NIC is free for others)."""
+    a, _ = veth
+    sandbox = RuncContainer(tmp_path, rootfs, "v1")
+    running = [sandbox]
+    try:
+        app = RuncContainer(tmp_path, rootfs, "v1", share_net_with=sandbox)
+        running.append(app)
+        spec = NetdevSpec(name=a)
+        rdma_engine.mount(app.id, [GPU0], rdma=["rdma/mlx5_0"], netdev=spec)
+        assert "rdma/mlx5_0" in {c.device for c in rdma_engine.ledger.claims()}
+        assert link("net1", pid=sandbox.pid) is not None
+
+        app.stop()  # the kubelet restarts it: a new container in the same sandbox
+        running.remove(app)
+        restarted = RuncContainer(tmp_path, rootfs, "v1", share_net_with=sandbox)
+        running.append(restarted)
+        report = rdma_engine.reconcile()
+
+        assert report.forgotten == [app.id] and report.netdevs == [f"{a}: move-back"]
+        assert rdma_engine.ledger.claims() == [] and rdma_engine.netdevs.records() == []
+        assert link("net1", pid=restarted.pid) is None and link(a) is not None
+    finally:
+        for container in reversed(running):
+            container.stop()
 
 
 def test_the_hosts_namespace_is_pid_1s_or_kthreadds_never_a_guess(
@@ -478,3 +602,43 @@ def test_unmount_revokes_the_devices_before_the_interface_goes_back(
     ip("link", "del", a).check_returncode()  # the squatter (and its peer) go
     assert engine.reconcile().netdevs == [f"{a}: restore"]
     assert link(a) is not None and engine.netdevs.records() == []
+
+
+@pytest.mark.parametrize(
+    ("cidrs", "address", "words"),
+    [
+        ((), "10.77.0.2/24", "no --netdev-address-cidr"),
+        (TEST_CIDRS, "10.88.0.2/24", "outside the CIDRs"),
+        (TEST_CIDRS, "fd88::2/64", "outside the CIDRs"),
+        (TEST_CIDRS, "10.77.9.9/24", "held by the node"),
+    ],
+    ids=["default-none", "outside", "ipv6-outside", "node-held-inside-the-cidr"],
+)
+def test_an_address_the_operator_did_not_allow_is_refused_and_nothing_moves(
+    cdi_dir: Path,
+    state_dir: Path,
+    prefix: str,
+    box: RuncContainer,
+    veth: tuple[str, str],
+    cidrs: tuple[ipaddress.IPv4Network, ...],
+    address: str,
+    words: str,
+) -> None:
+    """A pod would take over a gateway's or a storage server's address: the node holds
+    10.77.9.9 here (on the veth's host-side peer), read when the request comes."""
+    a, b = veth
+    ip("addr", "add", "10.77.9.9/24", "dev", b).check_returncode()
+    engine = make_engine(cdi_dir, state_dir, (f"{prefix}*",), cidrs)
+
+    with pytest.raises(NetdevRefused, match=words):
+        engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a, addresses=[address]))
+
+    assert link(a) is not None and link("net1", pid=box.pid) is None
+    assert "nvidia0" not in box.ls_dev() and engine.ledger.records() == []
+    assert engine.netdevs.records() == []
+    # The same interface, an address inside the CIDRs that nobody holds: it moves.
+    engine = make_engine(cdi_dir, state_dir, (f"{prefix}*",))
+    engine.mount(box.id, [GPU0], netdev=NetdevSpec(name=a, addresses=["10.77.9.10/24"]))
+    inside = link("net1", pid=box.pid)
+    assert inside is not None
+    assert "10.77.9.10" in [x["local"] for x in inside["addr_info"] if x["family"] == "inet"]

@@ -70,6 +70,8 @@ class RuncContainer:
 
     `share_pid_with`: join that container's PID namespace, as the containers of a
     `shareProcessNamespace` pod join their pause container's.
+    `share_net_with`: join that container's network namespace, as every container of a
+    pod joins its sandbox's (and a restarted one joins it again).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class RuncContainer:
         mode: str,
         args: list[str] | None = None,
         share_pid_with: RuncContainer | None = None,
+        share_net_with: RuncContainer | None = None,
     ):
         self.mode = mode
         self.id = new_id()
@@ -94,6 +97,10 @@ class RuncContainer:
             for namespace in config["linux"]["namespaces"]:
                 if namespace["type"] == "pid":
                     namespace["path"] = f"/proc/{share_pid_with.pid}/ns/pid"
+        if share_net_with is not None:  # a pod's container in its sandbox's network namespace
+            for namespace in config["linux"]["namespaces"]:
+                if namespace["type"] == "network":
+                    namespace["path"] = f"/proc/{share_net_with.pid}/ns/net"
         (self.bundle / "config.json").write_text(json.dumps(config))
         # Detached: the container would keep captured pipes open forever.
         log = self.bundle / "run.log"

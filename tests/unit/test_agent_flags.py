@@ -93,3 +93,14 @@ def test_rdma_resources_are_checked_at_start() -> None:
     for bad in (["--rdma-resource", "sriov"], ["--rdma-shared-resource", "rdma/a=,"]):
         with pytest.raises(ValidationError):
             load_settings(bad)
+
+
+def test_netdev_address_cidrs_are_networks_checked_at_start() -> None:
+    """Repeatable, none by default; a host address (bits past the prefix) is no CIDR."""
+    assert load_settings([]).netdev_address_cidr == []
+    given = ["--netdev-address-cidr", "10.10.0.0/24", "--netdev-address-cidr=fd10::/64"]
+    settings = load_settings(given)
+    assert [str(n) for n in settings.netdev_address_cidr] == ["10.10.0.0/24", "fd10::/64"]
+    for bad in ("10.10.0.5/24", "10.10.0.0/33", "eth0"):
+        with pytest.raises(ValidationError, match="netdev_address_cidr"):
+            load_settings(["--netdev-address-cidr", bad])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,12 @@ from hotmount.netdev.plan import (
     NetdevConflict,
     NetdevRecord,
     NetdevRefused,
+    NexthopFact,
+    NodeTraffic,
     Restore,
+    RouteFact,
+    carriers,
+    check_address_policy,
     check_addresses,
     check_allowed,
     decide,
@@ -45,19 +51,124 @@ LINKS = [
 ]
 
 
-def test_primary_follows_the_route_down_and_to_the_members() -> None:
-    primary = primary_interfaces(LINKS, default_oifs=[5])
-    assert primary == {"vlan100", "bond0", "eno1", "eno2", "lo"}
+def test_primary_follows_the_route_down_and_to_the_members_and_up_to_the_children() -> None:
+    """vlan100 carries the route; bond0 under it, bond0's members, and the macvlan on
+    vlan100 (an upper can take its lower's traffic) are the node's too."""
+    primary = primary_interfaces(LINKS, [5])
+    assert set(primary) == {"vlan100", "bond0", "eno1", "eno2", "uplink-mv", "lo"}
+    assert "route" in primary["vlan100"] and "under or over vlan100" in primary["eno1"]
 
 
-def test_a_child_of_a_primary_interface_is_not_primary_and_a_veth_peer_is_not() -> None:
-    primary = primary_interfaces(LINKS, default_oifs=[5, 10])
-    assert "uplink-mv" not in primary and "mv0" not in primary
-    assert "hostA" in primary and "br0" not in primary  # peer 11 is not followed
+def test_a_veth_peer_is_not_followed_but_a_master_is() -> None:
+    primary = primary_interfaces(LINKS, [10])
+    assert "hostA" in primary and "br0" in primary  # br0: hostA is its member
+    assert "mv0" not in primary and "ens1f0" not in primary  # peer 11 is not followed
 
 
-def test_no_default_route_leaves_lo_only() -> None:
-    assert primary_interfaces(LINKS, default_oifs=[]) == {"lo"}
+def test_no_route_leaves_lo_only() -> None:
+    assert set(primary_interfaces(LINKS, [])) == {"lo"}
+
+
+def traffic(
+    addresses: tuple[tuple[int, str], ...] = (),
+    routes: tuple[RouteFact, ...] = (),
+    nexthops: tuple[NexthopFact, ...] = (),
+) -> NodeTraffic:
+    return NodeTraffic(addresses, routes, nexthops)
+
+
+@pytest.mark.parametrize(
+    ("facts", "words"),
+    [
+        (traffic(addresses=((6, "10.20.0.5/24"),)), "address 10.20.0.5/24"),
+        (traffic(addresses=((6, "fd20::5/64"),)), "address fd20::5/64"),
+        (traffic(routes=(RouteFact("10.30.0.0/16", 254, (6,), kernel=True),)), "table 254"),
+        (traffic(routes=(RouteFact("10.30.0.0/16", 100, (6,)),)), "route 10.30.0.0/16 in table"),
+        (traffic(routes=(RouteFact("::/0", 7, (6,)),)), "route default in table 7"),
+        (traffic(routes=(RouteFact("0.0.0.0/0", 254, (2, 6)),)), "route default"),
+        (traffic(nexthops=(NexthopFact(7, oif=6),)), "nexthop object 7"),
+        (
+            traffic(
+                routes=(RouteFact("10.9.0.0/16", 100, nexthop_id=9),),
+                nexthops=(NexthopFact(9, group=(7,)), NexthopFact(7, oif=6)),
+            ),
+            "nexthop object 7",
+        ),
+        # An operator's link-local route (a metadata service) is the node's traffic.
+        (traffic(routes=(RouteFact("169.254.169.254/32", 254, (6,)),)), "169.254.169.254"),
+    ],
+    ids=[
+        "ipv4-address",
+        "ipv6-address",
+        "connected-route",
+        "other-table",
+        "ipv6-default-other-table",
+        "multipath-hop",
+        "nexthop-object",
+        "nhid-group-route",
+        "operator-link-local-route",
+    ],
+)
+def test_what_carries_the_nodes_traffic(facts: NodeTraffic, words: str) -> None:
+    why = carriers(facts)
+    assert 6 in why and words in why[6]
+    primary = primary_interfaces(LINKS, why)
+    # ens1f0 carries it: its macvlan child goes with it; its VF (no IFLA_LINK) does not.
+    assert "ens1f0" in primary and "mv0" in primary and "ens1f0v0" not in primary
+    with pytest.raises(NetdevRefused, match="carry the node's traffic"):
+        check_allowed("mv0", ("mv*",), primary)
+
+
+def test_link_local_addresses_and_the_kernels_own_link_routes_are_not_traffic() -> None:
+    """What every interface that is up gets by itself: IPv6 fe80::/64 and ff00::/8 (table
+    local), an IPv4 link-local address with its kernel route."""
+    facts = traffic(
+        addresses=((6, "fe80::1/64"), (6, "169.254.3.4/16")),
+        routes=(
+            RouteFact("fe80::/64", 254, (6,), kernel=True),
+            RouteFact("fe80::1/128", 255, (6,), kernel=True),
+            RouteFact("ff00::/8", 255, (6,), kernel=True),
+            RouteFact("169.254.0.0/16", 254, (6,), kernel=True),
+            RouteFact("169.254.3.4/32", 255, (6,), kernel=True),
+        ),
+    )
+    assert carriers(facts) == {}
+    check_allowed("ens1f0", ("ens*",), primary_interfaces(LINKS, carriers(facts)))
+
+
+def test_a_nexthop_group_cycle_ends() -> None:
+    facts = traffic(
+        routes=(RouteFact("10.9.0.0/16", 100, nexthop_id=1),),
+        nexthops=(NexthopFact(1, group=(2,)), NexthopFact(2, group=(1,))),
+    )
+    assert carriers(facts) == {}
+
+
+NETWORKS = [ipaddress.ip_network("10.10.0.0/24"), ipaddress.ip_network("fd10::/64")]
+
+
+@pytest.mark.parametrize(
+    ("address", "allowed", "words"),
+    [
+        ("10.10.0.5/24", [], "no --netdev-address-cidr"),
+        ("10.11.0.5/24", NETWORKS, "outside the CIDRs"),
+        ("10.10.0.5/16", NETWORKS, "outside the CIDRs"),  # the prefix reaches beyond it
+        ("fd11::5/64", NETWORKS, "outside the CIDRs"),
+        ("10.10.0.1/24", NETWORKS, "held by the node"),
+    ],
+    ids=["none-configured", "outside", "prefix-wider", "ipv6-outside", "node-held"],
+)
+def test_addresses_outside_the_cidrs_or_held_by_the_node_are_refused(
+    address: str, allowed: list, words: str
+) -> None:
+    held = {ipaddress.ip_address("10.10.0.1")}
+    with pytest.raises(NetdevRefused, match=words):
+        check_address_policy([address], allowed, held)
+
+
+def test_addresses_inside_the_cidrs_are_allowed() -> None:
+    check_address_policy(["10.10.0.5/24", "10.10.0.6/32", "fd10::5/64"], NETWORKS, set())
+    check_address_policy([], [], set())  # none asked: nothing to refuse
 
 
 @pytest.mark.parametrize(
@@ -71,13 +182,13 @@ def test_no_default_route_leaves_lo_only() -> None:
     ],
 )
 def test_refused(name: str, allow: tuple[str, ...], words: str) -> None:
-    primary = primary_interfaces(LINKS, default_oifs=[5])
+    primary = primary_interfaces(LINKS, [5])
     with pytest.raises(NetdevRefused, match=words):
         check_allowed(name, allow, primary)
 
 
 def test_allowed_by_glob() -> None:
-    primary = primary_interfaces(LINKS, default_oifs=[5])
+    primary = primary_interfaces(LINKS, [5])
     for name in ("ens1f0v0", "mv0"):
         check_allowed(name, ("ens1f0v*", "mv*"), primary)
 
@@ -213,7 +324,7 @@ ETH0 = LinkInfo(2, "eth0", mac="02:00:00:00:00:07")
 def test_reconcile_never_restores_an_interface_it_cannot_prove_ours(
     host: list[LinkInfo], changes: dict[str, object]
 ) -> None:
-    primary = primary_indexes(host, default_oifs=[2])
+    primary = primary_indexes(host, [2])
     assert find_returned(host, record(**changes), primary) is None
     assert decide(record(**changes), False, None, None) in (Action.WAIT, Action.FORGET)
     assert decide(record(**changes), False, None, None, RETURN_PATIENCE) is Action.FORGET
