@@ -16,7 +16,10 @@ Authorization is a SubjectAccessReview for the user: group `hotmount.io`, resour
 `gpumounts` (the node listing: `nodedevices`), the pod's namespace and name; decisions
 are cached briefly. A forced operation also needs the verb `force` on each pod it
 touches: it overrides another holder's claim, so it is a permission of its own. Every
-decision is logged with the user, the verb and the pod.
+decision is logged with the user, the verb and the pod. `/metrics` is a SAR for `get` on
+the non-resource URL, as the kubelet's and controller-runtime's metrics filters ask.
+`--refuse-unbound-service-account-tokens` refuses API calls from ServiceAccount tokens
+that name no pod.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ log = logging.getLogger("hotmount.audit")
 API_GROUP = "hotmount.io"
 RESOURCE = "gpumounts"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"  # a token bound to a pod
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 ASSERT_USER, ASSERT_GROUP = "x-hotmount-user", "x-hotmount-group"
 ASSERT_UID, ASSERT_EXTRA = "x-hotmount-uid", "x-hotmount-extra-"
 REMOTE_USER, REMOTE_GROUP, REMOTE_EXTRA = "x-remote-user", "x-remote-group", "x-remote-extra-"
@@ -259,10 +263,18 @@ def _escape_key(key: str) -> str:
 
 
 class Authorizer:
-    def __init__(self, kube: KubeClient | None, ttl: float, own_pod_only: bool = False) -> None:
+    def __init__(
+        self,
+        kube: KubeClient | None,
+        ttl: float,
+        own_pod_only: bool = False,
+        *,
+        refuse_unbound: bool = False,
+    ) -> None:
         self.kube = kube
         self._decisions = _TtlCache(ttl)
         self.own_pod_only = own_pod_only
+        self.refuse_unbound = refuse_unbound
 
     def require(
         self,
@@ -281,6 +293,8 @@ class Authorizer:
             return
         if self.kube is None:
             raise Forbidden("no authorizer is configured")
+        if self.refuse_unbound:
+            _refuse_unbound_service_account(identity.user, resource, name)
         if self.own_pod_only and resource == RESOURCE:
             _refuse_other_pods(identity.user, verb, namespace, name)
         user = identity.user
@@ -309,6 +323,35 @@ class Authorizer:
                 {"group": API_GROUP, "kind": resource, "name": name},
             )
 
+    def require_path(self, identity: Identity, verb: str, path: str) -> None:
+        """A non-resource URL (`get /metrics`), asked as the kubelet's metrics filter asks."""
+        if identity.trusted:
+            log.info(
+                "allow user=%s via=%s verb=%s path=%s", identity.name, identity.via, verb, path
+            )
+            return
+        if self.kube is None:
+            raise Forbidden("no authorizer is configured")
+        user = identity.user
+        extra = tuple(sorted((k, tuple(v)) for k, v in user.extra.items()))
+        key = (user.username, tuple(user.groups), user.uid, extra, verb, "path", path)
+        decision = self._decisions.get(key)
+        if decision is None:
+            decision = self.kube.path_access_review(user, verb, path)
+            self._decisions.put(key, decision)
+        allowed, reason = decision
+        log.info(
+            "%s user=%s via=%s verb=%s path=%s%s",
+            "allow" if allowed else "deny",
+            identity.name,
+            identity.via,
+            verb,
+            path,
+            f" reason={reason}" if reason else "",
+        )
+        if not allowed:
+            raise Forbidden(f'user "{user.username}" cannot {verb} path "{path}"')
+
     def require_mount(
         self, identity: Identity, namespace: str, pod: str, share_with: str | None, force: bool
     ) -> None:
@@ -323,6 +366,21 @@ class Authorizer:
         if force:
             for namespace, name in pods:
                 self.require(identity, "force", namespace, name)
+
+
+def _refuse_unbound_service_account(user: UserInfo, resource: str, name: str) -> None:
+    """--refuse-unbound-service-account-tokens: a ServiceAccount's token must be bound to a
+    pod (its TokenReview names the pod in `extra`). A legacy Secret token, or one from a
+    TokenRequest with no pod, outlives any pod and is bound by no pod rule, so it is
+    refused. People, groups and other authenticators' users are not ServiceAccounts and
+    pass on to RBAC."""
+    if not user.username.startswith(SERVICE_ACCOUNT_PREFIX) or user.extra.get(POD_NAME_EXTRA):
+        return
+    raise Forbidden(
+        f'user "{user.username}" holds a ServiceAccount token bound to no pod; this agent '
+        "accepts only pod-bound ServiceAccount tokens (--refuse-unbound-service-account-tokens)",
+        {"group": API_GROUP, "kind": resource, "name": name},
+    )
 
 
 def _refuse_other_pods(user: UserInfo, verb: str, namespace: str, name: str) -> None:

@@ -147,6 +147,23 @@ class AgentSettings(BaseSettings):
         description="a token bound to a pod (a ServiceAccount token mounted in it) acts on "
         "that pod only, whatever the account's RBAC (notebooks sharing one account)",
     )
+    refuse_unbound_service_account_tokens: bool = Field(
+        default=False,
+        description="refuse API calls from ServiceAccount tokens bound to no pod (legacy "
+        "Secret tokens, TokenRequests without a pod): with --pod-tokens-own-pod-only, every "
+        "account's call is then held to its own pod",
+    )
+    max_token_reviews: int = Field(
+        default=16,
+        ge=1,
+        description="TokenReviews in flight at once for tokens the agent does not know yet, "
+        "on threads of their own; more such calls get 429 at once",
+    )
+    metrics_anonymous: bool = Field(
+        default=False,
+        description="serve /metrics to anyone who reaches the port (scrapers without "
+        "tokens); off: a bearer token allowed `get` on the non-resource URL /metrics",
+    )
     authz_cache_ttl: float = Field(default=10.0, ge=0, description="seconds a decision is cached")
     token_failure_ttl: float = Field(
         default=5.0,

@@ -35,7 +35,8 @@ def caller_context(request: Request) -> CallerContext:
     )
 
 
-async def _identity(request: Request) -> Identity:
+async def request_identity(request: Request) -> Identity:
+    """The caller the guard authenticated (or, in an app without the guard, found here)."""
     identity: Identity | None = request.scope.get(IDENTITY_KEY)
     if identity is None:  # an app without the guard: authenticate here
         authenticator: Authenticator = request.app.state.authenticator
@@ -67,7 +68,7 @@ async def _gateway(request: Request) -> Gateway | None:
     return request.app.state.gateway
 
 
-Caller = Annotated[Identity, Depends(_identity)]
+Caller = Annotated[Identity, Depends(request_identity)]
 Mounting = Annotated[mounting.Mounting, Depends(_mounting)]
 Moves = Annotated[moves.Moves, Depends(_moves)]
 Listing = Annotated[listing.Listing, Depends(_listing)]

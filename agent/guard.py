@@ -3,7 +3,11 @@
 It runs before routing, so FastAPI never reads, buffers or validates a body for a
 caller it does not know, and a busy agent still answers its probes:
 
-1. authenticate (401, whatever the body; the identity goes into the scope for the routes);
+1. authenticate (401, whatever the body; the identity goes into the scope for the routes).
+   A token the agent does not know yet costs a TokenReview: at most `max_token_reviews`
+   run at once, on threads of their own, and past that bound the call gets 429 with no
+   review. So distinct junk tokens against a slow API server cannot take the worker
+   threads that authenticated calls run on, nor queue without end;
 2. cap the body: a Content-Length over `max_body` is 413 at once; a streamed (chunked)
    body is counted as it arrives and answered 413 as soon as it passes the cap;
 3. bound concurrency: at most `max_requests` API calls in the agent at once, past which
@@ -18,8 +22,10 @@ caller it does not know, and a busy agent still answers its probes:
    development: identities no RBAC applies to) is one caller by design and is not
    bounded this way; the agent-wide bounds still hold for it.
 
-Probes, metrics and the OpenAPI document are public and skip all three: the kubelet's
-probes must answer however many workers are tied up in slow mounts.
+Probes and the OpenAPI document are public and skip all of it: the kubelet's probes must
+answer however many workers are tied up in slow mounts. /metrics is authenticated here
+(the route authorizes it, like the kubelet's) but skips the bounds on API calls, unless
+`--metrics-anonymous` makes it public too.
 """
 
 from __future__ import annotations
@@ -35,14 +41,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent.auth import Authenticator
+from agent.auth import Authenticator, CallerContext, Identity
 from agent.deps import IDENTITY_KEY, caller_context
 from agent.errors import ApiError, BadRequest, TooLarge, TooManyRequests, status_of
 from agent.metrics import Metrics
 
 log = logging.getLogger("hotmount.agent")
+METRICS_PATH = "/metrics"
 PUBLIC_PATHS = frozenset(
-    {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+    {"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 )
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 RETRY_AFTER_SECONDS = 1
@@ -55,6 +62,7 @@ class Limits:
     max_mutating: int = 8
     mutating_wait: float = 10.0  # seconds a mutating call waits in line for a slot
     max_mutating_per_caller: int = 4  # one user's mutating calls waiting or at work
+    max_token_reviews: int = 16  # TokenReviews in flight for tokens not known yet
 
 
 class _BodyTooLarge(HTTPException):
@@ -71,8 +79,12 @@ class Guard:
         authenticator: Authenticator,
         limits: Limits,
         metrics: Metrics | None = None,
+        metrics_public: bool = False,
     ) -> None:
         self.app, self.authenticator, self.limits = app, authenticator, limits
+        self.public_paths = PUBLIC_PATHS | {METRICS_PATH} if metrics_public else PUBLIC_PATHS
+        self.reviewing = 0  # TokenReviews in flight; event loop only, so no lock
+        self._review_threads: anyio.CapacityLimiter | None = None  # made on the loop
         self.requests = 0  # in the agent (waiting or at work); event loop only, so no lock
         self.mutating = 0  # mutating calls at work
         self.waiting = 0  # mutating calls in line for a slot
@@ -83,18 +95,20 @@ class Guard:
             metrics.mutating_waiting.set_function(lambda: self.waiting)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if scope["type"] != "http" or scope["path"] in self.public_paths:
             await self.app(scope, receive, send)
             return
         try:
-            caller = caller_context(Request(scope))
-            # On the loop when no API call is needed (a thread hop costs more than the
-            # check); a TokenReview goes to a worker thread.
-            identity = self.authenticator.authenticate_without_io(caller)
-            if identity is None:
-                identity = await anyio.to_thread.run_sync(self.authenticator.authenticate, caller)
+            identity = await self._identify(caller_context(Request(scope)))
             scope[IDENTITY_KEY] = identity
             scope.setdefault("state", {})["user"] = identity.name
+        except ApiError as exc:
+            await _answer(exc, scope, receive, send)
+            return
+        if scope["path"] == METRICS_PATH:  # a scrape: authorized by its route, not bounded
+            await self.app(scope, receive, send)
+            return
+        try:
             self._check_length(scope)
             mutating = scope["method"] not in SAFE_METHODS
             self._check_requests()
@@ -112,6 +126,28 @@ class Guard:
             await self._mutate(bounded_caller, scope, receive, send)
         finally:
             self.requests -= 1
+
+    async def _identify(self, caller: CallerContext) -> Identity:
+        """On the loop when no API call is needed (a thread hop costs more than the check);
+        a TokenReview on a thread of the review limiter, or 429 when it is full."""
+        identity = self.authenticator.authenticate_without_io(caller)
+        if identity is not None:
+            return identity
+        if self.reviewing >= self.limits.max_token_reviews:
+            raise TooManyRequests(
+                f"the agent is checking {self.reviewing} unknown tokens with the API "
+                "server, its limit; retry shortly",
+                RETRY_AFTER_SECONDS,
+            )
+        if self._review_threads is None:
+            self._review_threads = anyio.CapacityLimiter(self.limits.max_token_reviews)
+        self.reviewing += 1
+        try:
+            return await anyio.to_thread.run_sync(
+                self.authenticator.authenticate, caller, limiter=self._review_threads
+            )
+        finally:
+            self.reviewing -= 1
 
     async def _mutate(self, caller: str | None, scope: Scope, receive: Receive, send: Send) -> None:
         """A mutating call: counted against its caller (None: the node's operator, not

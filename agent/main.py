@@ -121,7 +121,10 @@ def create_app(
     app.state.settings = settings
     app.state.authenticator = Authenticator(settings, kube, front_proxy)
     app.state.authorizer = Authorizer(
-        kube, settings.authz_cache_ttl, settings.pod_tokens_own_pod_only
+        kube,
+        settings.authz_cache_ttl,
+        settings.pod_tokens_own_pod_only,
+        refuse_unbound=settings.refuse_unbound_service_account_tokens,
     )
     app.state.gateway = gateway
     app.include_router(health.router)
@@ -138,8 +141,15 @@ def create_app(
         settings.max_mutating,
         settings.mutating_wait,
         settings.max_mutating_per_caller,
+        max_token_reviews=settings.max_token_reviews,
     )
-    app.add_middleware(Guard, authenticator=app.state.authenticator, limits=limits, metrics=metrics)
+    app.add_middleware(
+        Guard,
+        authenticator=app.state.authenticator,
+        limits=limits,
+        metrics=metrics,
+        metrics_public=settings.metrics_anonymous,
+    )
     app.add_middleware(logs.RequestIdMiddleware)  # outermost: logs the guard's refusals too
     return app
 

@@ -490,7 +490,14 @@ class HotmountClient:
         verify: ssl.SSLContext | bool | str = True,
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> HotmountClient:
-        """Call an agent directly (its `/v1` paths) with a bearer token."""
+        """Call an agent directly (its `/v1` paths) with a bearer token.
+
+        A token is never sent in clear text over a network: `http://` is refused (ValueError)
+        unless the host is loopback, as nvcli refuses it."""
+        if token:
+            from cli.cleartext import refuse_plain_credentials
+
+            refuse_plain_credentials(url, "the bearer token")
         header = f"Bearer {token}" if token else None
         http = http_client(url, verify=verify, authorization=lambda: header, timeout=timeout)
         return cls(AgentTransport(http, f"the agent at {url}"))

@@ -103,6 +103,15 @@ class Config:
             idle_timeout=env.get("GPU_HOTMOUNT_IDLE_TIMEOUT") or None,
         )
 
+    def __post_init__(self) -> None:
+        """Built by hand too: the pod's token goes with every call, never in clear text."""
+        from cli.cleartext import refuse_plain_credentials
+
+        try:
+            refuse_plain_credentials(self.agent, "this pod's ServiceAccount token")
+        except ValueError as exc:
+            raise NotebookError(str(exc)) from None
+
     def token(self) -> str:
         token = _read(self.token_file)
         if not token:

@@ -336,6 +336,24 @@ class KubeClient:
             raise _upstream(exc, "SubjectAccessReview") from exc
         return bool(result.status.allowed), result.status.reason or ""
 
+    def path_access_review(self, user: UserInfo, verb: str, path: str) -> tuple[bool, str]:
+        """A SubjectAccessReview for a non-resource URL (`get /metrics`), as the kubelet's
+        and controller-runtime's metrics filters ask it."""
+        review = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user=user.username,
+                groups=user.groups,
+                uid=user.uid or None,
+                extra=user.extra or None,
+                non_resource_attributes=client.V1NonResourceAttributes(path=path, verb=verb),
+            )
+        )
+        try:
+            result = self.authz.create_subject_access_review(review)
+        except ApiException as exc:
+            raise _upstream(exc, "SubjectAccessReview") from exc
+        return bool(result.status.allowed), result.status.reason or ""
+
     def ping(self) -> None:
         try:
             client.VersionApi(self.api).get_code(_request_timeout=3)

@@ -1,5 +1,8 @@
-"""Liveness, readiness and metrics: unauthenticated and read-only. /metrics names the
-pods that hold hot-mounted GPUs (as DCGM's exporter does), for dashboards to join.
+"""Liveness, readiness and metrics, read-only. The probes are unauthenticated. /metrics
+names the pods that hold hot-mounted GPUs (as DCGM's exporter does), for dashboards to
+join, so it is what `nodedevices` is: it takes a bearer token allowed `get` on the
+non-resource URL /metrics (the shipped ClusterRole `hotmount-metrics-reader`), as the
+kubelet's own /metrics does, unless `--metrics-anonymous` opens it.
 
 The probes are `async` and never queue for the worker threads that mounts, holder
 waits and forwarded calls occupy: the kubelet must not restart a busy agent. The
@@ -16,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from agent.deps import request_identity
 from agent.errors import NotReady, UpstreamError
 
 router = APIRouter(tags=["health"])
@@ -52,7 +56,15 @@ async def readyz(request: Request) -> dict[str, str]:
 
 
 @router.get("/metrics")
-def metrics(request: Request) -> Response:
-    node = request.app.state.node
-    node.metrics.managed_containers.set(len(node.engine.ledger.records()))
-    return Response(generate_latest(node.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+async def metrics(request: Request) -> Response:
+    state = request.app.state
+    reader = None if state.settings.metrics_anonymous else await request_identity(request)
+
+    def scrape() -> Response:  # one worker hop: the SAR (when not cached) and the ledger
+        if reader is not None:
+            state.authorizer.require_path(reader, "get", "/metrics")
+        node = state.node
+        node.metrics.managed_containers.set(len(node.engine.ledger.records()))
+        return Response(generate_latest(node.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return await anyio.to_thread.run_sync(scrape)

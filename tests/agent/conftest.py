@@ -6,7 +6,8 @@ as a process for that node. Users: alice (group `ml`, may do anything with
 gpumounts in `default`, `force` included, and list nodedevices), bob (no rights); dana,
 a namespaced tenant: a RoleBinding in `default` to the shipped ClusterRole
 `hotmount-user`; olga, an operator: a ClusterRoleBinding to the shipped `hotmount-admin`;
-the agents' own ServiceAccount token.
+the agents' own ServiceAccount token; Prometheus' account, a ClusterRoleBinding to the
+shipped `hotmount-metrics-reader` (/metrics).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from tests.support.runc import RuncContainer
 
 AGENT_TOKEN, ALICE, BOB = "agent-token", "alice-token", "bob-token"
 DANA, OLGA = "dana-token", "olga-token"
+METRICS = "metrics-token"  # Prometheus' account, bound to the shipped hotmount-metrics-reader
+METRICS_USER = "system:serviceaccount:monitoring:prometheus"
 USER_ROLES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "04-rbac-user.yaml"
 
 
@@ -112,6 +115,8 @@ class Cluster:
         self.kube.bind_role(shipped_role("hotmount-user"), user="dana", namespace="default")
         self.kube.add_token(OLGA, "olga", ["ops"])
         self.kube.bind_role(shipped_role("hotmount-admin"), group="ops")
+        self.kube.add_token(METRICS, METRICS_USER, ["system:serviceaccounts"])
+        self.kube.bind_role(shipped_role("hotmount-metrics-reader"), user=METRICS_USER)
         self.kubeconfig = self.kube.write_kubeconfig(
             workdir / "agent.kubeconfig", token=AGENT_TOKEN
         )

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from agent.podresources import PodResourcesClient
-from tests.agent.conftest import ALICE, Cluster
+from tests.agent.conftest import ALICE, METRICS, Cluster
 from tests.support.agent import GPUS, AgentProcess
 from tests.support.runc import RuncContainer
 from tests.support.waiting import wait_for
@@ -48,7 +48,7 @@ def eventually(condition: Callable[[], bool], what: str, seconds: float = 30) ->
 
 def metric_sum(agent: AgentProcess, prefix: str) -> float:
     """The sum of the agent's metric samples whose line starts with `prefix`."""
-    with agent.client() as api:
+    with agent.client(METRICS) as api:
         text = api.get("/metrics").text
     return sum(
         float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)

@@ -8,7 +8,8 @@
   bound get 429 at once;
 - a Kubernetes call, or a call to another agent, that gets no answer times out (502),
   never holds a worker for good;
-- a refused token is not sent to TokenReview again and again;
+- a refused token is not sent to TokenReview again and again, and distinct junk tokens
+  get 429 past --max-token-reviews instead of taking the workers from known callers;
 - forwarded calls carry the caller's uid and extras into the other agent's SAR.
 
 Raw sockets send what httpx would not: a Content-Length promising a gigabyte, or a
@@ -31,7 +32,7 @@ import httpx
 import pytest
 
 from hotmount.ledger import Ledger
-from tests.agent.conftest import ALICE, BOB, Cluster
+from tests.agent.conftest import ALICE, BOB, METRICS, Cluster
 from tests.agent.test_auth import assert_status
 from tests.fakes.kube_apiserver import Stall
 from tests.support.agent import (
@@ -169,6 +170,8 @@ def test_probes_answer_while_every_worker_is_stuck(cluster: Cluster) -> None:
     """45 mounts hang on a stalled API server: more than the agent has worker threads (40)."""
     cluster.kube.put_pod(pod_manifest("nb", None))
     bounds = ["--max-mutating", "64", "--max-requests", "64", "--max-mutating-per-caller", "64"]
+    # The fixture caches no review (--authz-cache-ttl 0): each of the 45 is reviewed.
+    bounds += ["--max-token-reviews", "64"]
     agent = cluster.agent(extra=[*STUCK, *bounds])
     stall = cluster.kube.stall(verb="get", resource="pods")
     with in_flight(agent, stall, 45):
@@ -204,8 +207,8 @@ def test_mutating_calls_past_the_bound_get_429(cluster: Cluster) -> None:
 
 
 def gauge(agent: AgentProcess, name: str) -> float:
-    with httpx.Client(base_url=agent.url, timeout=30) as probe:
-        for line in probe.get("/metrics").text.splitlines():
+    with agent.client(METRICS) as scraper:
+        for line in scraper.get("/metrics").text.splitlines():
             if line.startswith(f"{name} "):
                 return float(line.split()[1])
     raise AssertionError(f"no {name} in /metrics")
@@ -382,6 +385,54 @@ def test_a_refused_token_is_not_reviewed_again_and_again(cluster: Cluster) -> No
         assert alice.get("/v1/devices").status_code == 200
 
 
+def test_distinct_junk_tokens_cannot_starve_an_authenticated_caller(cluster: Cluster) -> None:
+    """300 distinct junk tokens while TokenReview hangs: at most --max-token-reviews of them
+    are reviewed at once (on threads of their own), the rest get 429 with no review, and
+    a caller the agent already knows is answered while the reviews still hang. Without the
+    bound the junk takes every worker thread and alice waits for the API server."""
+    bound, junk = 8, 300
+    agent = cluster.agent(
+        extra=[*STUCK, "--authz-cache-ttl", "600", "--max-token-reviews", str(bound)]
+    )
+    with agent.client(ALICE) as alice:  # reviewed and authorized once: now known
+        assert alice.get("/v1/devices").status_code == 200
+    stall = cluster.kube.stall(
+        verb="create", api_group="authentication.k8s.io", resource="tokenreviews"
+    )
+    answers: queue.Queue[httpx.Response | Exception] = queue.Queue()
+
+    def call(token: str) -> None:
+        headers = {"authorization": f"Bearer {token}"}
+        try:
+            with httpx.Client(base_url=agent.url, headers=headers, timeout=120) as caller:
+                answers.put(caller.get("/v1/devices"))
+        except httpx.HTTPError as exc:
+            answers.put(exc)
+
+    threads = [threading.Thread(target=call, args=(f"junk-{n}",)) for n in range(junk)]
+    try:
+        for thread in threads:
+            thread.start()
+        assert stall.wait_arrived(bound), f"only {stall.arrived} reviews reached the API server"
+        with agent.client(ALICE) as alice:  # every junk review still hangs on the stall
+            served = alice.get("/v1/devices")
+        assert served.status_code == 200, served.text
+        refused = [answers.get() for _ in range(junk - bound)]  # answered before the release
+        for answer in refused:
+            assert isinstance(answer, httpx.Response), answer
+            assert_status(answer, 429, "TooManyRequests")
+            assert answer.headers["retry-after"] == "1"
+        assert stall.arrived == bound  # the refused ones cost no review
+    finally:
+        stall.release()
+        for thread in threads:
+            thread.join()
+    reviewed = [answers.get_nowait() for _ in range(bound)]
+    for answer in reviewed:
+        assert isinstance(answer, httpx.Response), answer
+        assert_status(answer, 401, "Unauthorized")
+
+
 # -- forwarding keeps the whole identity ------------------------------------------------------
 
 
@@ -439,7 +490,7 @@ def test_the_nodes_own_operator_is_not_bounded_per_caller(
             answers.put(exc)
 
     def in_agent() -> float:
-        with agent.client() as api:
+        with agent.client("operator-token") as api:
             text = api.get("/metrics").text
         return sum(
             float(line.rsplit(" ", 1)[1])

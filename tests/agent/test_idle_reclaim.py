@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hotmount.ledger import Ledger
-from tests.agent.conftest import ALICE, DANA, Cluster
+from tests.agent.conftest import ALICE, DANA, METRICS, Cluster
 from tests.support.agent import GPUS, AgentProcess
 from tests.support.runc import RuncContainer
 from tests.support.waiting import wait_for
@@ -29,7 +29,7 @@ HUNG = 60  # seconds: a bound on a hung agent, not a timing assertion
 
 
 def samples(agent: AgentProcess, name: str) -> list[tuple[dict[str, str], float]]:
-    with agent.client() as api:
+    with agent.client(METRICS) as api:
         text = api.get("/metrics").text
     return [
         (s.labels, s.value)

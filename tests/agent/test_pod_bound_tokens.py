@@ -83,3 +83,53 @@ def test_through_the_api_server_the_bound_pod_still_decides(cluster: Cluster) ->
         assert f"nvidia{GPUS[0].minor}" in alice.ls_dev()
         own = bobs.get(f"{gpumounts}/jupyter-bob")
         assert own.status_code == 200, own.text
+
+
+# -- --refuse-unbound-service-account-tokens ----------------------------------------------------
+
+UNBOUND = "legacy-secret-token"  # the same account's token, bound to no pod (a Secret's)
+
+
+def test_an_unbound_service_account_token_is_refused_with_the_option(cluster: Cluster) -> None:
+    """Its TokenReview names no pod (no pod-name/pod-uid extra): --pod-tokens-own-pod-only
+    has no pod to hold it to, so the option refuses it. Pod-bound tokens, people's tokens
+    and calls forwarded by the agents (whose own token asserts the pod-bound user) pass."""
+    shared_account(cluster)
+    cluster.kube.add_token(UNBOUND, NOTEBOOKS, ["system:serviceaccounts"])
+    alice = cluster.pod("jupyter-alice")
+    bob = cluster.pod("jupyter-bob", node="node-b")
+    options = ["--pod-tokens-own-pod-only", "--refuse-unbound-service-account-tokens"]
+    agent = cluster.agent(extra=options)
+    cluster.agent("node-b", extra=options)
+    with agent.client(UNBOUND) as legacy:
+        for refused in (
+            legacy.post(devices("jupyter-alice"), json={"devices": ["0"]}),
+            legacy.get(devices("jupyter-alice")),
+            legacy.delete(f"{devices('jupyter-alice')}/0"),
+        ):
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["reason"] == "Forbidden"
+            assert "bound to no pod" in refused.json()["message"]
+    assert f"nvidia{GPUS[0].minor}" not in alice.ls_dev()
+
+    with agent.client(ALICE_POD) as alices, agent.client(BOB_POD) as bobs:
+        assert alices.post(devices("jupyter-alice"), json={"devices": ["0"]}).status_code == 200
+        forwarded = bobs.post(devices("jupyter-bob"), json={"devices": ["1"]})  # to node-b
+        assert forwarded.status_code == 200, forwarded.text
+    assert f"nvidia{GPUS[0].minor}" in alice.ls_dev()
+    assert f"nvidia{GPUS[1].minor}" in bob.ls_dev()
+    with agent.client(ALICE) as person:  # not a ServiceAccount: RBAC alone
+        assert person.get(devices("jupyter-alice")).status_code == 200
+
+
+def test_without_the_option_an_unbound_token_is_held_to_no_pod(cluster: Cluster) -> None:
+    """Today's default, and why the option exists: --pod-tokens-own-pod-only alone lets an
+    unbound token of the shared account act on every pod its RBAC reaches."""
+    shared_account(cluster)
+    cluster.kube.add_token(UNBOUND, NOTEBOOKS, ["system:serviceaccounts"])
+    alice = cluster.pod("jupyter-alice")
+    agent = cluster.agent(extra=["--pod-tokens-own-pod-only"])
+    with agent.client(UNBOUND) as legacy:
+        taken = legacy.post(devices("jupyter-alice"), json={"devices": ["0"]})
+    assert taken.status_code == 200, taken.text
+    assert f"nvidia{GPUS[0].minor}" in alice.ls_dev()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.agent.conftest import ALICE, Cluster
+from tests.agent.conftest import ALICE, METRICS, Cluster
 from tests.support.agent import GPUS
 from tests.support.waiting import wait_for
 
@@ -40,6 +40,7 @@ def test_agent_restart_between_mount_and_unmount(cluster: Cluster) -> None:
         assert [d["key"] for c in status["containers"] for d in c["devices"]] == [GPUS[0].uuid]
         unmounted = api.delete("/v1/namespaces/default/pods/nb/devices/0")
         assert unmounted.status_code == 200, unmounted.text
-        metrics = api.get("/metrics").text
+    with second.client(METRICS) as scraper:
+        metrics = scraper.get("/metrics").text
     assert "nvidia3" not in container.ls_dev()
     assert 'hotmount_drift_repairs_total{kind="node"} 1.0' in metrics

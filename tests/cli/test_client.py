@@ -355,3 +355,26 @@ def test_an_answer_that_does_not_match_the_schema(serve: Serve) -> None:
     hm, _ = serve(lambda r: Reply(200, json={"unexpected": True}))
     with pytest.raises(HotmountClientError, match="unexpected answer"):
         hm.status("ml", "nb-0")
+
+
+# -- no bearer token in clear text over a network ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url", ["http://gpu-hotmount.gpu-hotmount.svc", "http://10.0.0.7:8443", "http://[fd00::7]"]
+)
+def test_for_agent_refuses_a_token_over_plain_http_to_another_host(url: str) -> None:
+    """As nvcli refuses `--agent http://... --token`: there is no opt-in, only loopback."""
+    with pytest.raises(ValueError, match="clear text"):
+        HotmountClient.for_agent(url, "s3cret")
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8080", "http://localhost:9", "http://[::1]:80"])
+def test_for_agent_allows_plain_http_to_this_machine(url: str) -> None:
+    with HotmountClient.for_agent(url, "s3cret"):
+        pass
+
+
+def test_for_agent_without_a_token_sends_nothing_to_protect() -> None:
+    with HotmountClient.for_agent("http://10.0.0.7:8443"):
+        pass

@@ -125,6 +125,15 @@ def test_the_token_never_goes_to_an_agent_over_plain_http(tmp_path: Path, agent:
     assert "\n" not in str(refused.value) and "GPU_HOTMOUNT_AGENT" in str(refused.value)
 
 
+@pytest.mark.parametrize("agent", ["http://gpu-hotmount-local.gpu-hotmount.svc", "http://10.0.0.7"])
+def test_a_config_built_by_hand_refuses_plain_http_too(tmp_path: Path, agent: str) -> None:
+    """`Config(...)` without from_env: the same refusal, before any token is read."""
+    with pytest.raises(NotebookError, match="clear text"):
+        Config(agent=agent, token_file=tmp_path / "token", namespace="ml", pod="nb-0")
+    https = Config(agent="https://10.0.0.7", token_file=tmp_path / "t", namespace="ml", pod="p")
+    assert https.agent == "https://10.0.0.7"
+
+
 @pytest.mark.parametrize(
     "agent", ["http://127.0.0.1:8080", "http://localhost:9", "http://[::1]:80"]
 )

@@ -180,11 +180,13 @@ def test_the_generated_certificate_verifies_against_the_ca_bundle_for_the_servic
 ):
     objects = render(release=release, namespace=namespace)
     _, pems = generated_tls(objects)
-    service = find(objects, "Service")["metadata"]["name"]
-    assert service == fullname
+    service = find(objects, "Service", fullname)["metadata"]["name"]
+    local = find(objects, "Service", f"{fullname}-local")["metadata"]["name"]
     leaf = verify_serving_certificate(pems, f"{service}.{namespace}.svc")
+    verify_serving_certificate(pems, f"{local}.{namespace}.svc")  # the notebooks' address
     names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert sorted(names.get_values_for_type(x509.DNSName)) == [
+        f"{local}.{namespace}.svc",
         f"{service}.{namespace}.svc",
         f"{service}.{namespace}.svc.cluster.local",
     ]
@@ -335,6 +337,30 @@ def test_netdev_address_cidrs_reach_the_agent(monkeypatch: pytest.MonkeyPatch):
     objects = render("netdevAddressCidrs={10.10.0.0/24,fd10::/64}")
     settings = load_settings(agent_argv(find(objects, "DaemonSet")))
     assert [str(n) for n in settings.netdev_address_cidr] == ["10.10.0.0/24", "fd10::/64"]
+
+
+def test_security_values_reach_the_agent(monkeypatch: pytest.MonkeyPatch):
+    for name in ("NODE_NAME", "POD_NAMESPACE"):
+        monkeypatch.delenv(name, raising=False)
+    default = load_settings(agent_argv(find(render(f"tls.caBundle={TEST_CA_BUNDLE}"), "DaemonSet")))
+    assert not default.metrics_anonymous and not default.refuse_unbound_service_account_tokens
+    objects = render(
+        f"tls.caBundle={TEST_CA_BUNDLE}",
+        "metricsAnonymous=true",
+        "refuseUnboundServiceAccountTokens=true",
+    )
+    settings = load_settings(agent_argv(find(objects, "DaemonSet")))
+    assert settings.metrics_anonymous and settings.refuse_unbound_service_account_tokens
+
+
+@pytest.mark.parametrize(("version", "policy"), [("1.20.2", None), ("1.22.0", "Local"),
+                                                 ("1.35.0", "Local")])  # fmt: skip
+def test_internal_traffic_policy_only_where_the_cluster_knows_it(version: str, policy: str | None):
+    """1.20 (the real-node tier) has no such field: the chart leaves it out there."""
+    objects = render(f"tls.caBundle={TEST_CA_BUNDLE}", options=("--kube-version", version))
+    local = find(objects, "Service", "gpu-hotmount-local")
+    assert local["spec"].get("internalTrafficPolicy") == policy
+    assert "internalTrafficPolicy" not in find(objects, "Service", "gpu-hotmount")["spec"]
 
 
 EXTRAS = {

@@ -43,7 +43,7 @@ DAEMONSETS = {
 }
 NAMESPACE = find(MAIN, "Namespace")["metadata"]["name"]
 SERVICE_ACCOUNT = find(MAIN, "ServiceAccount")
-SERVICE = find(MAIN, "Service")
+SERVICE = find(MAIN, "Service", "gpu-hotmount")
 HARDENED_CAPABILITIES = {
     "SYS_ADMIN", "BPF", "NET_ADMIN", "MKNOD", "SYS_PTRACE", "SYS_CHROOT", "KILL", "DAC_OVERRIDE",
 }  # fmt: skip
@@ -277,9 +277,29 @@ def test_readme_explains_every_hardened_capability():
 def rules_allow(rules: list[dict], group: str, resource: str, verbs: set[str]) -> bool:
     granted: set[str] = set()
     for rule in rules:
-        if group in rule["apiGroups"] and resource in rule["resources"]:
+        if group in rule.get("apiGroups", []) and resource in rule.get("resources", []):
             granted |= set(rule["verbs"])
     return verbs <= granted
+
+
+def test_the_metrics_reader_may_get_metrics_and_nothing_else():
+    """The agent asks a SAR for `get` on the non-resource URL /metrics: this role grants
+    exactly that, and no resource."""
+    reader = find(MAIN, "ClusterRole", "hotmount-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert not any(k.startswith("rbac.authorization.k8s.io/aggregate-to")
+                   for k in reader["metadata"]["labels"])  # fmt: skip
+
+
+def test_the_local_service_keeps_pods_on_their_node_and_the_apiservice_off_it():
+    """Pods' calls through gpu-hotmount-local reach their own node's agent; the APIService
+    stays on the cluster-wide Service (the API server's node may run no agent)."""
+    local = find(MAIN, "Service", "gpu-hotmount-local")
+    assert local["spec"]["internalTrafficPolicy"] == "Local"
+    assert local["spec"]["selector"] == SERVICE["spec"]["selector"]
+    assert local["spec"]["ports"] == SERVICE["spec"]["ports"]
+    assert "internalTrafficPolicy" not in SERVICE["spec"]
+    assert find(MAIN, "APIService")["spec"]["service"]["name"] == SERVICE["metadata"]["name"]
 
 
 def bound_to_agent(binding: Obj) -> bool:

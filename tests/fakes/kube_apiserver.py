@@ -686,11 +686,16 @@ class FakeKubeApiServer:
         namespace: str | None = None,
     ) -> None:
         """Bind an rbac.authorization.k8s.io/v1 (Cluster)Role as RBAC does: a RoleBinding
-        in ``namespace`` grants its rules there only (never at the cluster scope); with no
-        ``namespace``, a ClusterRoleBinding grants them everywhere, cluster scope included.
+        in ``namespace`` grants its rules there only (never at the cluster scope, nor a
+        non-resource URL); with no ``namespace``, a ClusterRoleBinding grants them
+        everywhere, cluster scope and non-resource URLs included.
         """
         for rule in role.get("rules") or []:
-            if rule.get("nonResourceURLs"):
+            if rule.get("nonResourceURLs"):  # cluster-wide only, as RBAC grants them
+                urls, verbs = rule["nonResourceURLs"], rule.get("verbs") or []
+                for url, verb in itertools.product(urls, verbs):
+                    if namespace is None:
+                        self.allow(AccessRule(user=user, group=group, verb=verb, resource=url))
                 continue
             for api_group, resource, verb, name in itertools.product(
                 rule.get("apiGroups") or [""],

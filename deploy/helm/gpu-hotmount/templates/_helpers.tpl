@@ -63,7 +63,8 @@ and the APIService's caBundle agree.
 {{- $days := int .Values.tls.generatedDays -}}
 {{- $service := printf "%s.%s.svc" $fullname .Release.Namespace -}}
 {{- $ca := genCA (printf "%s-ca" $fullname) $days -}}
-{{- $cert := genSignedCert $service nil (list $service (printf "%s.cluster.local" $service)) $days $ca -}}
+{{- $local := printf "%s-local.%s.svc" $fullname .Release.Namespace -}}
+{{- $cert := genSignedCert $service nil (list $service (printf "%s.cluster.local" $service) $local) $days $ca -}}
 {{- $data = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) -}}
 {{- end -}}
 {{- $_ := set .Values.tls "_generated" $data -}}
