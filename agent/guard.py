@@ -84,6 +84,10 @@ class Guard:
         self.app, self.authenticator, self.limits = app, authenticator, limits
         self.public_paths = PUBLIC_PATHS | {METRICS_PATH} if metrics_public else PUBLIC_PATHS
         self.reviewing = 0  # TokenReviews in flight; event loop only, so no lock
+        # Credentials under review now, each with the event its answer sets: a burst of
+        # calls with one new token waits for that one review instead of taking the slots.
+        self._in_review: dict[str, anyio.Event] = {}
+        self.review_waiters = 0  # calls waiting for their token's review; event loop only
         self._review_threads: anyio.CapacityLimiter | None = None  # made on the loop
         self.requests = 0  # in the agent (waiting or at work); event loop only, so no lock
         self.mutating = 0  # mutating calls at work
@@ -93,6 +97,8 @@ class Guard:
         if metrics is not None:
             metrics.requests_in_agent.set_function(lambda: self.requests)
             metrics.mutating_waiting.set_function(lambda: self.waiting)
+            metrics.token_reviews.labels("reviewing").set_function(lambda: self.reviewing)
+            metrics.token_reviews.labels("waiting").set_function(lambda: self.review_waiters)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.public_paths:
@@ -129,10 +135,23 @@ class Guard:
 
     async def _identify(self, caller: CallerContext) -> Identity:
         """On the loop when no API call is needed (a thread hop costs more than the check);
-        a TokenReview on a thread of the review limiter, or 429 when it is full."""
+        a TokenReview on a thread of the review limiter, or 429 when it is full. A call
+        whose token is under review already waits for that review (taking no slot), then
+        authenticates afresh: its answer is cached by then, unless it was refused."""
         identity = self.authenticator.authenticate_without_io(caller)
         if identity is not None:
             return identity
+        credential = caller.first("authorization") or ""
+        pending = self._in_review.get(credential)
+        if pending is not None:
+            self.review_waiters += 1
+            try:
+                await pending.wait()
+            finally:
+                self.review_waiters -= 1
+            identity = self.authenticator.authenticate_without_io(caller)
+            if identity is not None:
+                return identity
         if self.reviewing >= self.limits.max_token_reviews:
             raise TooManyRequests(
                 f"the agent is checking {self.reviewing} unknown tokens with the API "
@@ -142,12 +161,17 @@ class Guard:
         if self._review_threads is None:
             self._review_threads = anyio.CapacityLimiter(self.limits.max_token_reviews)
         self.reviewing += 1
+        leading = credential not in self._in_review
+        if leading:
+            self._in_review[credential] = anyio.Event()
         try:
             return await anyio.to_thread.run_sync(
                 self.authenticator.authenticate, caller, limiter=self._review_threads
             )
         finally:
             self.reviewing -= 1
+            if leading:
+                self._in_review.pop(credential).set()
 
     async def _mutate(self, caller: str | None, scope: Scope, receive: Receive, send: Send) -> None:
         """A mutating call: counted against its caller (None: the node's operator, not

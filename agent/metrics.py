@@ -96,6 +96,13 @@ class Metrics:
             "Mounts, unmounts and moves waiting in line for a slot (see --max-mutating)",
             registry=self.registry,
         )
+        self.token_reviews = Gauge(
+            "hotmount_token_reviews",
+            "Calls whose new token is being checked with a TokenReview now (see "
+            "--max-token-reviews), and calls waiting for the same token's review",
+            ["state"],
+            registry=self.registry,
+        )
         self.managed_containers = Gauge(
             "hotmount_managed_containers",
             "Containers with hot-mounted devices",

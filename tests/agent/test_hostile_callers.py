@@ -433,6 +433,46 @@ def test_distinct_junk_tokens_cannot_starve_an_authenticated_caller(cluster: Clu
         assert_status(answer, 401, "Unauthorized")
 
 
+def test_a_burst_with_one_new_token_costs_one_review_and_no_429(cluster: Cluster) -> None:
+    """Five times --max-token-reviews calls, all with one token the agent has not seen, while
+    TokenReview hangs: one review goes out, the rest wait for it without taking a slot
+    (no 429), and every call is answered once it returns. Without the wait each call
+    would send its own review, and those past the bound would get 429."""
+    bound, burst = 4, 20
+    agent = cluster.agent(
+        extra=[*STUCK, "--authz-cache-ttl", "600", "--max-token-reviews", str(bound)]
+    )
+    waiting = 'hotmount_token_reviews{state="waiting"}'
+    assert gauge(agent, waiting) == 0  # and the scraper's own token is known from now on
+    stall = cluster.kube.stall(
+        verb="create", api_group="authentication.k8s.io", resource="tokenreviews"
+    )
+    answers: queue.Queue[httpx.Response | Exception] = queue.Queue()
+
+    def call() -> None:
+        try:
+            with agent.client(ALICE) as alice:
+                answers.put(alice.get("/v1/devices"))
+        except httpx.HTTPError as exc:
+            answers.put(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(burst)]
+    try:
+        for thread in threads:
+            thread.start()
+        assert stall.wait_arrived(1)
+        wait_for(lambda: gauge(agent, waiting) == burst - 1, "the burst waits for one review")
+        assert stall.arrived == 1
+        assert answers.empty()
+    finally:
+        stall.release()
+        for thread in threads:
+            thread.join()
+    for _ in range(burst):
+        answer = answers.get_nowait()
+        assert isinstance(answer, httpx.Response) and answer.status_code == 200, answer
+
+
 # -- forwarding keeps the whole identity ------------------------------------------------------
 
 
