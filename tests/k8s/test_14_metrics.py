@@ -2,12 +2,13 @@
 decide, as they do for the kubelet's metrics. Nobody scrapes anonymously; a person
 with no grant is refused; bound to the shipped `hotmount-metrics-reader`, they scrape.
 
-The host reaches the agents' Service by its ClusterIP (kube-proxy's rules) and checks
-the certificate against the name the Service has in the cluster.
+The host reaches the agent at its pod IP (on the node's CNI bridge), as Prometheus'
+pod discovery does, and checks the certificate against the agents' Service name.
 """
 
 from __future__ import annotations
 
+import json
 import ssl
 
 import httpx
@@ -17,14 +18,20 @@ from tests.k8s.flows import NAMESPACE, RELEASE
 from tests.k8s.node.cluster import Node
 
 READER_ROLE = "hotmount-metrics-reader"
+AGENT_PORT = 8443  # the chart's `port`
 
 
 def scrape(hotmount: flows.Release, token: str | None) -> httpx.Response:
     context = ssl.create_default_context(cadata=hotmount.ca_bundle())
     headers = {"authorization": f"Bearer {token}"} if token else {}
+    pod = json.loads(
+        hotmount.node.kubectl(
+            "get", "pod", str(hotmount.agent_pod()), "-n", NAMESPACE, "-o", "json"
+        ).stdout
+    )
     with httpx.Client(verify=context, timeout=30) as client:
         return client.get(
-            f"https://{hotmount.service_ip()}/metrics",
+            f"https://{pod['status']['podIP']}:{AGENT_PORT}/metrics",
             headers=headers,
             extensions={"sni_hostname": f"{RELEASE}.{NAMESPACE}.svc"},
         )
