@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote
@@ -298,15 +298,13 @@ class Authorizer:
         if self.own_pod_only and resource == RESOURCE:
             _refuse_other_pods(identity.user, verb, namespace, name)
         user = identity.user
-        extra = tuple(sorted((k, tuple(v)) for k, v in user.extra.items()))
-        key = (user.username, tuple(user.groups), user.uid, extra, verb, resource, namespace, name)
-        decision = self._decisions.get(key)
-        if decision is None:
-            decision = self.kube.subject_access_review(
+        allowed, reason = self._decide(
+            user,
+            (verb, resource, namespace, name),
+            lambda kube: kube.subject_access_review(
                 user, verb, namespace, name, resource=resource, group=API_GROUP
-            )
-            self._decisions.put(key, decision)
-        allowed, reason = decision
+            ),
+        )
         log.info(
             "%s user=%s via=%s verb=%s%s pod=%s%s",
             "allow" if allowed else "deny",
@@ -333,13 +331,9 @@ class Authorizer:
         if self.kube is None:
             raise Forbidden("no authorizer is configured")
         user = identity.user
-        extra = tuple(sorted((k, tuple(v)) for k, v in user.extra.items()))
-        key = (user.username, tuple(user.groups), user.uid, extra, verb, "path", path)
-        decision = self._decisions.get(key)
-        if decision is None:
-            decision = self.kube.path_access_review(user, verb, path)
-            self._decisions.put(key, decision)
-        allowed, reason = decision
+        allowed, reason = self._decide(
+            user, (verb, "path", path), lambda kube: kube.path_access_review(user, verb, path)
+        )
         log.info(
             "%s user=%s via=%s verb=%s path=%s%s",
             "allow" if allowed else "deny",
@@ -351,6 +345,22 @@ class Authorizer:
         )
         if not allowed:
             raise Forbidden(f'user "{user.username}" cannot {verb} path "{path}"')
+
+    def _decide(
+        self,
+        user: UserInfo,
+        asked: tuple[str, ...],
+        review: Callable[[KubeClient], tuple[bool, str]],
+    ) -> tuple[bool, str]:
+        """The cached decision for `user` and what was `asked`, else the review's."""
+        assert self.kube is not None
+        extra = tuple(sorted((k, tuple(v)) for k, v in user.extra.items()))
+        key = (user.username, tuple(user.groups), user.uid, extra, *asked)
+        decision = self._decisions.get(key)
+        if decision is None:
+            decision = review(self.kube)
+            self._decisions.put(key, decision)
+        return decision
 
     def require_mount(
         self, identity: Identity, namespace: str, pod: str, share_with: str | None, force: bool

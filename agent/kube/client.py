@@ -315,37 +315,30 @@ class KubeClient:
     def subject_access_review(
         self, user: UserInfo, verb: str, namespace: str, name: str, *, resource: str, group: str
     ) -> tuple[bool, str]:
-        review = client.V1SubjectAccessReview(
-            spec=client.V1SubjectAccessReviewSpec(
-                user=user.username,
-                groups=user.groups,
-                uid=user.uid or None,
-                extra=user.extra or None,
-                resource_attributes=client.V1ResourceAttributes(
-                    group=group,
-                    resource=resource,
-                    verb=verb,
-                    namespace=namespace or None,
-                    name=name or None,
-                ),
-            )
+        attributes = client.V1ResourceAttributes(
+            group=group,
+            resource=resource,
+            verb=verb,
+            namespace=namespace or None,
+            name=name or None,
         )
-        try:
-            result = self.authz.create_subject_access_review(review)
-        except ApiException as exc:
-            raise _upstream(exc, "SubjectAccessReview") from exc
-        return bool(result.status.allowed), result.status.reason or ""
+        return self._access_review(user, resource_attributes=attributes)
 
     def path_access_review(self, user: UserInfo, verb: str, path: str) -> tuple[bool, str]:
         """A SubjectAccessReview for a non-resource URL (`get /metrics`), as the kubelet's
         and controller-runtime's metrics filters ask it."""
+        attributes = client.V1NonResourceAttributes(path=path, verb=verb)
+        return self._access_review(user, non_resource_attributes=attributes)
+
+    def _access_review(self, user: UserInfo, **attributes: Any) -> tuple[bool, str]:
+        """(allowed, reason) for `user` and the resource or non-resource `attributes`."""
         review = client.V1SubjectAccessReview(
             spec=client.V1SubjectAccessReviewSpec(
                 user=user.username,
                 groups=user.groups,
                 uid=user.uid or None,
                 extra=user.extra or None,
-                non_resource_attributes=client.V1NonResourceAttributes(path=path, verb=verb),
+                **attributes,
             )
         )
         try:
