@@ -7,6 +7,8 @@ what the runtime granted itself. Layout under the state directory:
     containers/<key>.json   one record per container (atomic: temp file, rename)
     claims/<owner>@<device> one container's hold on one device, with the device's
                             physical footprint (temp file, then link(2) into place)
+    intents/<key>.json      devices a container had when it died, kept for its successor
+                            (a restarted container of the same pod) until it runs
     locks/<key>.lock        flock held for the length of one operation on a container
 
 A record carries a `pending` plan while an operation runs. If the process dies
@@ -70,6 +72,18 @@ class DeviceRecord(BaseModel):
     with_devices: list[str] = Field(default_factory=list)  # RDMA: the GPUs it came with
 
 
+class Intent(BaseModel):
+    """What a container that died had, to be mounted again into the one that replaces
+    it. `owner` says who that is, in the caller's own terms (the engine reads none of it);
+    it holds no grant and no claim: the devices are free until mounted again."""
+
+    version: int = LEDGER_VERSION
+    key: str
+    owner: dict[str, str]
+    devices: dict[str, DeviceRecord]
+    saved_at: str
+
+
 class PendingOp(BaseModel):
     op: Literal["mount", "unmount"]
     devices: list[str]
@@ -111,7 +125,8 @@ class Ledger:
         self._containers = state_dir / "containers"
         self._claims = state_dir / "claims"
         self._locks = state_dir / "locks"
-        for directory in (self._containers, self._claims, self._locks):
+        self._intents = state_dir / "intents"
+        for directory in (self._containers, self._claims, self._locks, self._intents):
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Plain strings for the per-operation paths: pathlib costs more than the syscalls.
         self._containers_dir = os.fspath(self._containers)
@@ -142,6 +157,29 @@ class Ledger:
         names = sorted(n for n in os.listdir(self._containers_dir) if n.endswith(".json"))
         records = (_parse(os.path.join(self._containers_dir, n)) for n in names if n[0] != ".")
         return [record for record in records if record is not None]
+
+    # -- intents: what a dead container's successor should have again
+    def save_intent(self, intent: Intent) -> None:
+        _atomic_write(self._intent_path(intent.key), intent.model_dump_json().encode())
+
+    def delete_intent(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._intent_path(key))
+
+    def intents(self) -> list[Intent]:
+        directory = os.fspath(self._intents)
+        found = []
+        for name in sorted(n for n in os.listdir(directory) if n.endswith(".json")):
+            try:
+                data = _read_bytes(os.path.join(directory, name))
+                if data is not None:
+                    found.append(Intent.model_validate_json(data))
+            except ValueError as exc:
+                log.warning("ignoring unreadable intent %s: %s", name, exc)
+        return found
+
+    def _intent_path(self, key: str) -> str:
+        return f"{os.fspath(self._intents)}/{_file_name(key)}.json"
 
     # -- per-container operation lock
     @contextlib.contextmanager

@@ -25,6 +25,7 @@ from agent.node.mounting import Mounting
 from agent.node.moves import Moves
 from agent.node.pins import Pins
 from agent.node.reconcile import ReconcilePass
+from agent.node.remounts import Remounts
 from agent.node.targets import Targets
 from agent.podresources import PodResourcesClient
 from hotmount import engine as eng
@@ -77,5 +78,6 @@ class Node:
                 holders,
                 DoubleBookings(settings, engine, kube, metrics, locks, kubelet, holders),
                 idle_reclaim,
+                Remounts(engine, kube, locks),
             ),
         )

@@ -24,6 +24,7 @@ from agent.errors import ApiError, Timeout, Unschedulable
 from agent.kube.client import KubeClient, PodInfo, owner_reference
 from agent.kube.dra import ResourceApi
 from agent.node.locks import ContainerLocks
+from agent.node.remounts import named_holders
 from agent.node.results import require_kube
 from hotmount import engine as eng
 from hotmount.errors import HotmountError
@@ -262,13 +263,13 @@ class HolderPods:
 
     def named_anywhere(self) -> set[str]:
         """Every holder pod a mount on this node names (a pin may serve several containers
-        of its pod)."""
+        of its pod), or that waits for a restarted container (agent/node/remounts.py)."""
         return {
             h
             for record in self.engine.ledger.records()
             for d in record.devices.values()
             if (h := d.metadata.get("holder"))
-        }
+        } | {holder for _, holder in named_holders(self.engine.ledger.intents())}
 
     def release(self, namespace: str, before: set[str], wait: bool = True) -> list[str]:
         """Delete the holder pods none of whose devices is still mounted anywhere; `wait`
@@ -402,7 +403,7 @@ class HolderPods:
             for record in self.engine.ledger.records()
             for d in record.devices.values()
             if d.metadata.get("holder")
-        }
+        } | named_holders(self.engine.ledger.intents())
         now = time.monotonic()
         seen: dict[tuple[str, str], float] = {}
         deleted = []

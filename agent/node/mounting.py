@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent import idle
-from agent.errors import BadRequest, UpstreamError
+from agent.errors import BadRequest, PodNotRunning, UpstreamError
 from agent.kube.client import ContainerInfo, KubeClient, PodInfo
 from agent.metrics import Metrics
 from agent.node.holders import HolderPods
@@ -20,6 +20,7 @@ from agent.node.idle_reclaim import IdleReclaim
 from agent.node.kubelet import KubeletBooks
 from agent.node.locks import ContainerLocks
 from agent.node.pins import Pins, pin_metadata
+from agent.node.remounts import forget_devices, named_holders
 from agent.node.results import (
     label,
     measure,
@@ -201,7 +202,13 @@ class Mounting:
     ) -> UnmountResult:
         """`keep_holders`: a move hands the pin over instead of deleting it."""
         with measure(self.metrics, "unmount"):
-            info, chosen = self.targets.container(namespace, pod, container)
+            try:
+                info, chosen = self.targets.container(namespace, pod, container)
+            except PodNotRunning:
+                kept = self._unmount_kept(namespace, pod, container, devices)
+                if kept is None:
+                    raise
+                return kept
             assert chosen.container_id is not None
             with self.locks.hold(chosen.container_id):
                 holders = self.holders.named_in(chosen.container_id)
@@ -224,6 +231,31 @@ class Mounting:
                     self.kube, info, "GPUUnmounted", f"took {names} from {chosen.name} for {user}"
                 )
             return out
+
+    def _unmount_kept(
+        self, namespace: str, pod: str, container: str | None, devices: list[str] | None
+    ) -> UnmountResult | None:
+        """An unmount while the container is down after a crash: what its successor was
+        to get again is dropped, and the pins and holders nothing names any more go."""
+        keys = (
+            None if devices is None else {d.key for d in self.engine.inventory.resolve_all(devices)}
+        )
+        before = {h for ns, h in named_holders(self.engine.ledger.intents()) if ns == namespace}
+        forgotten = forget_devices(self.engine, namespace, pod, container, keys)
+        if forgotten is None:
+            return None
+        old_id, taken = forgotten
+        released = self.holders.release(namespace, before)
+        return UnmountResult(
+            namespace=namespace,
+            pod=pod,
+            container=container,
+            container_id=old_id,
+            unmounted=taken,
+            not_mounted=sorted((keys or set()) - set(taken)),
+            stopped_pids=[],
+            holder_pods_deleted=released,
+        )
 
     # -- standalone containers
     def mount_container(self, container_id: str, request: MountRequest) -> MountResult:

@@ -1,6 +1,7 @@
 """The periodic pass: the engine's reconcile (drift repairs), its metrics, then the
-node's own repairs: holder pods of containers that died, orphan holder pods, mounts
-whose holder is gone, double-booked GPUs, idle GPUs."""
+node's own repairs: devices of restarted containers mounted again, holder pods of
+containers that died, orphan holder pods, mounts whose holder is gone, double-booked
+GPUs, idle GPUs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from agent.metrics import Metrics
 from agent.node.double_booking import DoubleBookings
 from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
+from agent.node.remounts import Remounts, named_holders
 from hotmount import engine as eng
 from hotmount.results import ReconcileReport
 
@@ -25,10 +27,16 @@ class ReconcilePass:
     holders: HolderPods
     double_bookings: DoubleBookings
     idle_reclaim: IdleReclaim
+    remounts: Remounts
 
     def reconcile(self) -> ReconcileReport:
+        records = {r.key: r for r in self.engine.ledger.records()}
         before = self._named_holders()
         report = self.engine.reconcile()
+        # What a dead container had is kept for its successor before its holders are
+        # swept, and mounted again once that one runs (restarts keep their GPUs).
+        self.remounts.keep(records[k] for k in report.forgotten if k in records)
+        self.remounts.remount()
         self._release_swept(before)
         repairs = {
             "grant": report.regranted,
@@ -52,18 +60,22 @@ class ReconcilePass:
         return report
 
     def _named_holders(self) -> dict[str, set[str]]:
-        """Each namespace's holder and pin pods that a mount names."""
+        """Each namespace's holder and pin pods that a mount, or a restarted container's
+        intent, names."""
         named: dict[str, set[str]] = {}
         for record in self.engine.ledger.records():
             for d in record.devices.values():
                 namespace, holder = d.metadata.get("namespace"), d.metadata.get("holder")
                 if namespace and holder:
                     named.setdefault(namespace, set()).add(holder)
+        for namespace, holder in named_holders(self.engine.ledger.intents()):
+            named.setdefault(namespace, set()).add(holder)
         return named
 
     def _release_swept(self, before: dict[str, set[str]]) -> None:
-        """Delete at once the holders and pins of containers this reconcile found dead:
-        the kubelet then frees their GPUs now, not after the orphan grace."""
+        """Delete at once the holders and pins of containers this reconcile found dead
+        and of intents dropped with their pods: the kubelet then frees their GPUs now,
+        not after the orphan grace."""
         for namespace, holders in before.items():
             try:
                 released = self.holders.release(namespace, holders, wait=False)

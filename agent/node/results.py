@@ -92,10 +92,14 @@ def pod_of(group: str | None) -> str | None:
     return group.rpartition("/")[2] if group else None
 
 
+POD_UID = "podUid"  # ledger metadata: the pod a mount was for, told from a namesake
+
+
 def meta(info: PodInfo, container: ContainerInfo, user: str) -> dict[str, str]:
     return {
         "namespace": info.namespace,
         "pod": info.name,
+        POD_UID: info.uid,
         "container": container.name,
         "user": user,
     }

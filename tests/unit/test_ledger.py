@@ -252,4 +252,4 @@ def test_awkward_keys_stay_inside_the_state_dir(ledger: Ledger) -> None:
     for name in claim_files:
         data = json.loads((ledger.state_dir / "claims" / name).read_text())
         assert f"{_file_name(data['owner'])}@{_file_name(data['device'])}" == name
-    assert sorted(os.listdir(ledger.state_dir)) == ["claims", "containers", "locks"]
+    assert sorted(os.listdir(ledger.state_dir)) == ["claims", "containers", "intents", "locks"]
