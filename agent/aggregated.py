@@ -28,16 +28,18 @@ import json
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.auth import Authorizer, Identity
 from agent.deps import Authz, Caller, Gate, Listing, Mounting, Moves
-from agent.errors import BadRequest, Forbidden, NotOnThisNode
+from agent.errors import BadRequest, Forbidden, NotOnThisNode, UnsupportedMediaType
 from agent.gateway import LOCAL_ONLY, Gateway
 from agent.node import listing as node_listing
 from agent.node import moves as node_moves
+from agent.node.desired import DesiredMount, merge_patch
 from agent.routes.forwarding import local_or_forward
 from agent.routes.pods import Namespace, PodName
 from agent.schemas import KubeName, MountRequest, PodDevices, PodRef, ReassignRequest
@@ -141,12 +143,67 @@ def _may_list(authz: Authorizer, caller: Identity, namespace: str) -> bool:
     return True
 
 
-def _gpumount(devices: PodDevices, namespace: str) -> dict[str, Any]:
-    """A pod's mounts as a GPUMount, created when the first of them was made."""
+def _gpumount(
+    devices: PodDevices, namespace: str, desired: DesiredMount | None = None
+) -> dict[str, Any]:
+    """A pod's mounts as a GPUMount: its applied spec and annotations if it has them
+    (kubectl apply diffs against those), created when applied or first mounted."""
     since = [d.mounted_at for c in devices.containers for d in c.devices if d.mounted_at]
-    return _object(
-        "GPUMount", devices.pod or "", devices, namespace, created=min(since, default=None)
-    )
+    created = desired.created if desired else min(since, default=None)
+    spec = desired.spec if desired else None
+    obj = _object("GPUMount", devices.pod or "", devices, namespace, spec, created=created)
+    if desired and desired.annotations:
+        obj["metadata"]["annotations"] = desired.annotations
+    return obj
+
+
+async def merge_patch_body(request: Request) -> dict[str, Any]:
+    """A PATCH's body, which must be a JSON merge patch: what client-side `kubectl apply`
+    and `kubectl patch --type=merge` send (agents forwarding it send plain JSON)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if kind == "application/apply-patch+yaml":
+        raise UnsupportedMediaType(
+            "server-side apply is not supported for gpumounts: use kubectl apply without "
+            "--server-side (client-side apply sends a JSON merge patch)"
+        )
+    if kind not in ("application/merge-patch+json", "application/json"):
+        raise UnsupportedMediaType(
+            f"a GPUMount is patched with a JSON merge patch (application/merge-patch+json), "
+            f"not {kind or 'no content type'}: kubectl patch --type=merge"
+        )
+    try:
+        patch = json.loads(await request.body())
+    except ValueError as exc:
+        raise BadRequest(f"the patch is not JSON: {exc}") from exc
+    if not isinstance(patch, dict):
+        raise BadRequest("a JSON merge patch of a GPUMount is an object")
+    return patch
+
+
+def refuse_dry_run(dry_run: list[str] | None) -> None:
+    """`--dry-run=server` would need every check of a mount without its effects, which
+    the agent cannot promise: refused, clearly, before anything is done."""
+    if dry_run:
+        raise BadRequest(
+            "dry run is not supported for gpumounts: the checks of a mount (claims, the "
+            "kubelet's books, pins) cannot be made without making it; drop --dry-run=server"
+        )
+
+
+DryRun = Annotated[list[str] | None, Query(alias="dryRun", max_length=4)]
+
+
+async def delete_options_dry_run(request: Request) -> list[str] | None:
+    """kubectl sends a delete's options (`dryRun` among them) as a DeleteOptions body."""
+    raw = await request.body()
+    if not raw:
+        return None
+    try:
+        options = json.loads(raw)
+    except ValueError as exc:
+        raise BadRequest(f"the DeleteOptions body is not JSON: {exc}") from exc
+    dry_run = options.get("dryRun") if isinstance(options, dict) else None
+    return [str(v) for v in dry_run] if isinstance(dry_run, list) else None
 
 
 def _node_devices(listing: node_listing.Listing, node: str) -> dict[str, Any]:
@@ -215,7 +272,7 @@ def api_resources(caller: Caller) -> dict[str, Any]:
                 "singularName": "gpumount",
                 "namespaced": True,
                 "kind": "GPUMount",
-                "verbs": ["create", "delete", "get", "list"],
+                "verbs": ["create", "delete", "get", "list", "patch"],
                 "shortNames": ["gm"],
             },
             {
@@ -249,7 +306,9 @@ def create_gpumount(
     authz: Authz,
     mounting: Mounting,
     gateway: Gate,
+    dry_run: DryRun = None,
 ) -> Any:
+    refuse_dry_run(dry_run)
     pod = body.metadata.name
     if body.metadata.namespace not in (None, namespace):
         raise BadRequest(f"metadata.namespace {body.metadata.namespace} is not {namespace}")
@@ -312,16 +371,62 @@ def get_gpumount(
     authz: Authz,
     listing: Listing,
     gateway: Gate,
+    mounting: Mounting,
     include: Include = "Metadata",
 ) -> Any:
     authz.require(caller, "get", namespace, pod)
 
     def get() -> dict[str, Any]:
         found = listing.pod_devices_here(namespace, pod)
-        return _gpumount(found.model_copy(update={"pod": pod}), namespace)
+        desired = mounting.desired.get(namespace, pod, found.pod_uid)
+        return _gpumount(found.model_copy(update={"pod": pod}), namespace, desired)
 
     answer = local_or_forward(get, request, caller, gateway)
     return _answer_one(request, "GPUMount", answer, include)
+
+
+@router.patch(f"/{VERSION}/namespaces/{{namespace}}/gpumounts/{{pod}}")
+def patch_gpumount(
+    namespace: Namespace,
+    pod: PodName,
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    listing: Listing,
+    mounting: Mounting,
+    gateway: Gate,
+    patch: Annotated[dict[str, Any], Depends(merge_patch_body)],
+    dry_run: DryRun = None,
+) -> Any:
+    """`kubectl apply`: the GPUMount's spec is what the pod should have. The patch is
+    merged into the applied spec and annotations (on the pod's own node, where they are
+    kept), then the difference is mounted and unmounted (docs/api.md, "Desired state")."""
+    refuse_dry_run(dry_run)
+
+    def apply() -> dict[str, Any]:
+        uid = listing.pod_devices_here(namespace, pod).pod_uid  # here, or NotOnThisNode
+        current = mounting.desired.get(namespace, pod, uid)
+        was = {
+            "metadata": {"annotations": current.annotations if current else {}},
+            "spec": current.spec if current else {},
+        }
+        merged = merge_patch(was, patch)
+        metadata, spec = merged.get("metadata") or {}, merged.get("spec") or {}
+        if metadata.get("name", pod) != pod or metadata.get("namespace", namespace) != namespace:
+            raise BadRequest("a GPUMount's name and namespace are its pod's: they do not change")
+        try:
+            wanted = MountRequest.model_validate(spec)
+        except ValidationError as exc:  # 422 Invalid, each cause under `spec`
+            errors = [{**e, "loc": ("spec", *e["loc"])} for e in exc.errors()]
+            raise RequestValidationError(errors) from exc
+        authz.require_mount(caller, namespace, pod, wanted.share_with, wanted.force)
+        authz.require(caller, "delete", namespace, pod)  # an edit may take devices away
+        annotations = {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()}
+        desired = mounting.apply_pod(namespace, pod, spec, annotations, caller.name)
+        found = listing.pod_devices_here(namespace, pod)
+        return _gpumount(found.model_copy(update={"pod": pod}), namespace, desired)
+
+    return local_or_forward(apply, request, caller, gateway, patch)
 
 
 @router.delete(f"/{VERSION}/namespaces/{{namespace}}/gpumounts/{{pod}}")
@@ -336,7 +441,10 @@ def delete_gpumount(
     device: Annotated[list[str] | None, Query(max_length=64)] = None,
     container: Annotated[str | None, Query(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")] = None,
     force: bool = False,
+    dry_run: DryRun = None,
+    options_dry_run: Annotated[list[str] | None, Depends(delete_options_dry_run)] = None,
 ) -> Any:
+    refuse_dry_run((dry_run or []) + (options_dry_run or []))
     authz.require(caller, "delete", namespace, pod)
     authz.require_force(caller, force, (namespace, pod))
 
@@ -344,6 +452,8 @@ def delete_gpumount(
         result = mounting.unmount_pod(
             namespace, pod, device or None, container=container, force=force, user=caller.name
         )
+        if not device:  # `kubectl delete gpumount POD`: the applied spec goes too
+            mounting.desired.delete(namespace, pod)
         return _object("GPUMount", pod, result, namespace)
 
     return local_or_forward(delete, request, caller, gateway)

@@ -9,6 +9,7 @@
     ├── AllocatedToPod      409  the kubelet gave the device to another running pod
     ├── Unschedulable       409  the holder pod found no room
     ├── TooLarge            413  the request body is over the cap
+    ├── UnsupportedMediaType 415 a PATCH that is not a JSON merge patch (server-side apply)
     ├── NotOnThisNode       421  the pod lives elsewhere (the gateway forwards it)
     ├── TooManyRequests     429  every slot for this kind of call is taken (Retry-After)
     ├── NotReady            503
@@ -73,6 +74,10 @@ class QuotaExceeded(ApiError):
 
 class TooLarge(ApiError):
     code, reason = 413, "RequestEntityTooLarge"
+
+
+class UnsupportedMediaType(ApiError):
+    code, reason = 415, "UnsupportedMediaType"
 
 
 class TooManyRequests(ApiError):

@@ -202,6 +202,9 @@ class MountRequest(Request):
     with_netdev: bool | None = None
     netdev: NetdevRequest | None = None
     idle_timeout: Duration | None = None
+    # This mount only: not mounted again into a container that replaces this one after a
+    # restart (agent/node/remounts.py). None by default, for older agents.
+    once: bool | None = None
 
     @model_validator(mode="after")
     def _devices_or_count(self) -> MountRequest:
@@ -310,6 +313,7 @@ class PodDevices(Model):
     namespace: str | None = None
     pod: str | None = None
     node: str | None = None  # the node whose agent answered
+    pod_uid: str | None = None
     containers: list[ContainerDevices]
 
 

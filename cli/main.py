@@ -547,6 +547,13 @@ def mount(
             "--netdev-address", metavar="CIDR", help="an address for it (10.0.0.2/24); repeat"
         ),
     ] = None,
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once",
+            help="this container only: not mounted again if the container restarts",
+        ),
+    ] = False,
 ) -> None:
     """Hot-mount GPUs into a running pod.
 
@@ -583,6 +590,10 @@ def mount(
         riders.setdefault("netdev", {})["addresses"] = netdev_address
     if riders and (opts.local or kind == "container"):
         raise UsageError("--with-rdma, --rdma and the netdev flags work on pods, not --local")
+    if once:
+        if opts.local or kind == "container":
+            raise UsageError("--once is for pods: a container by ID is never mounted again")
+        riders["once"] = True
     if opts.local:
         if count is not None:
             raise UsageError("--count needs the scheduler: it does not work with --local")

@@ -47,7 +47,8 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 AGENT_CA = Path("/var/run/secrets/hotmount.io/ca.crt")
 DEFAULT_AGENT = "https://gpu-hotmount.gpu-hotmount.svc"
 USAGE = (
-    "usage: %gpu attach [N ... | --count N] [--idle 30m] | detach [N ... | --all] | status | list"
+    "usage: %gpu attach [N ... | --count N] [--idle 30m] [--once] | detach [N ... | --all]"
+    " | status | list"
 )
 
 
@@ -149,6 +150,7 @@ class Command:
     count: int | None = None
     all: bool = False
     idle_timeout: str | None = None
+    once: bool = False  # not mounted again if the notebook's container restarts
 
 
 def parse(line: str) -> Command:
@@ -179,6 +181,8 @@ def parse(line: str) -> Command:
                 command.count = int(value)
         elif action == "detach" and word == "--all":
             command.all = True
+        elif action == "attach" and word == "--once":
+            command.once = True
         elif word.startswith("-"):
             raise NotebookError(f"{action} has no option {word}; {USAGE}")
         elif action in ("attach", "detach"):
@@ -248,8 +252,10 @@ def attach(
     count: int | None = None,
     idle_timeout: str | None = None,
     config: Config | None = None,
+    once: bool = False,
 ) -> MountResult:
-    """Hot-mount GPUs into this pod: `devices` by name, else `count` (default 1)."""
+    """Hot-mount GPUs into this pod: `devices` by name, else `count` (default 1). They
+    come back if the container restarts, unless `once`."""
     from pydantic import ValidationError
 
     from agent.schemas import MountRequest
@@ -262,6 +268,7 @@ def attach(
             count=None if devices else (count or 1),
             container=config.container,
             idle_timeout=idle_timeout or config.idle_timeout,
+            once=once or None,
         )
     except ValidationError as exc:
         problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
@@ -414,7 +421,9 @@ def run(line: str, config: Config | None = None) -> str:
         return USAGE
     config = config or Config.from_env()
     if command.action == "attach":
-        result = attach(command.devices, command.count, command.idle_timeout, config)
+        result = attach(
+            command.devices, command.count, command.idle_timeout, config, once=command.once
+        )
         return attached_message(result, cuda_initialised(), config)
     if command.action == "detach":
         return detached_message(detach(None if command.all else command.devices, config))

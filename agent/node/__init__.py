@@ -15,6 +15,7 @@ from agent.kube.client import KubeClient
 from agent.kube.dra import ResourceApi
 from agent.metrics import Metrics
 from agent.node.accounting import Accounting
+from agent.node.desired import DesiredMounts
 from agent.node.double_booking import DoubleBookings
 from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
@@ -59,8 +60,9 @@ class Node:
         accounting = Accounting(settings, engine, kube, podresources, resources)
         pins = Pins(settings, engine, kube, kubelet, holders, accounting, resources)
         idle_reclaim = IdleReclaim(settings, engine, kube, metrics, locks, holders)
+        desired = DesiredMounts(settings.state_dir)
         mounting = Mounting(
-            engine, kube, metrics, locks, targets, kubelet, holders, pins, idle_reclaim
+            engine, kube, metrics, locks, targets, kubelet, holders, pins, idle_reclaim, desired
         )
         listing = Listing(settings, engine, kube, targets, kubelet, accounting, idle_reclaim)
         metrics.watch_mounts(settings.node_name or "", listing.mount_samples)
@@ -79,5 +81,7 @@ class Node:
                 DoubleBookings(settings, engine, kube, metrics, locks, kubelet, holders),
                 idle_reclaim,
                 Remounts(engine, kube, locks),
+                desired,
+                kube,
             ),
         )

@@ -105,7 +105,7 @@ class Listing:
         return self.pod_devices(namespace, pod)
 
     def pod_devices(self, namespace: str, pod: str) -> PodDevices:
-        require_kube(self.kube).get_pod(namespace, pod)  # 404 for an unknown pod
+        info = require_kube(self.kube).get_pod(namespace, pod)  # 404 for an unknown pod
         containers = []
         hot: dict[str, list[Claim]] | None = None
         kubelet: list[KubeletHold] | None = None
@@ -128,7 +128,11 @@ class Listing:
                     )
                 )
         return PodDevices(
-            namespace=namespace, pod=pod, node=self.settings.node_name, containers=containers
+            namespace=namespace,
+            pod=pod,
+            node=self.settings.node_name,
+            pod_uid=info.uid,
+            containers=containers,
         )
 
     def namespace_mounts(self, namespace: str) -> list[PodDevices]:

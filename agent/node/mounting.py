@@ -15,13 +15,15 @@ from agent import idle
 from agent.errors import BadRequest, PodNotRunning, UpstreamError
 from agent.kube.client import ContainerInfo, KubeClient, PodInfo
 from agent.metrics import Metrics
+from agent.node.desired import DesiredMount, DesiredMounts, difference
 from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
 from agent.node.kubelet import KubeletBooks
 from agent.node.locks import ContainerLocks
-from agent.node.pins import Pins, pin_metadata
+from agent.node.pins import Pins, pin_metadata, pin_of
 from agent.node.remounts import forget_devices, named_holders
 from agent.node.results import (
+    ONCE,
     label,
     measure,
     meta,
@@ -33,7 +35,9 @@ from agent.node.targets import Targets
 from agent.schemas import ContainerMount, MountRequest, MountResult, UnmountResult
 from hotmount import engine as eng
 from hotmount.devices import companions
+from hotmount.devices.model import DeviceKind
 from hotmount.errors import HotmountError
+from hotmount.ledger import now
 from hotmount.results import MountResult as EngineMountResult
 
 log = logging.getLogger(__name__)
@@ -50,6 +54,7 @@ class Mounting:
     holders: HolderPods
     pins: Pins
     idle_reclaim: IdleReclaim
+    desired: DesiredMounts
 
     def mount_pod(self, namespace: str, pod: str, request: MountRequest, user: str) -> MountResult:
         with measure(self.metrics, "mount"):
@@ -57,6 +62,8 @@ class Mounting:
             group = f"{namespace}/{pod}"  # containers of one pod share without asking
             share = self.targets.share_group(info, request)
             extra = self.idle_reclaim.idle_meta(request, info.annotations)
+            if request.once:
+                extra = {**extra, ONCE: "true"}
             if request.count is not None:
                 if len(containers) > 1:
                     raise BadRequest("count mounts into one container; name one, not several")
@@ -256,6 +263,64 @@ class Mounting:
             stopped_pids=[],
             holder_pods_deleted=released,
         )
+
+    def apply_pod(
+        self,
+        namespace: str,
+        pod: str,
+        spec: dict[str, Any],
+        annotations: dict[str, str],
+        user: str,
+    ) -> DesiredMount:
+        """Make the pod's container have what `spec` says (kubectl apply): mount what is
+        missing first, then unmount what is not wanted, so a failed mount changes
+        nothing; then keep the spec. The spec's other fields (idleTimeout, shareWith, ...)
+        apply to what it mounts."""
+        request = MountRequest.model_validate(spec)
+        names = request.container_names()
+        if len(names) != 1 or names == ["*"]:
+            raise BadRequest("a GPUMount spec names one container (container), or none")
+        info, container = self.targets.container(namespace, pod, names[0])
+        assert container.container_id is not None
+        named, by_count = self._mounted(container.container_id)
+        wanted = (
+            [d.key for d in self.engine.inventory.resolve_all(request.devices)]
+            if request.devices is not None
+            else None
+        )
+        change = difference(wanted, request.count, named, by_count)
+        one = {"container": container.name, "containers": None}
+        if change.mount:
+            self.mount_pod(
+                namespace, pod, request.model_copy(update={**one, "devices": change.mount}), user
+            )
+        if change.mount_count:
+            again = request.model_copy(update={**one, "count": change.mount_count})
+            self.mount_pod(namespace, pod, again, user)
+        if change.unmount:
+            self.unmount_pod(
+                namespace, pod, change.unmount, container=container.name, force=False, user=user
+            )
+        before = self.desired.get(namespace, pod, info.uid)
+        desired = DesiredMount(
+            namespace=namespace,
+            pod=pod,
+            uid=info.uid,
+            spec=spec,
+            annotations=annotations,
+            created=before.created if before else now(),
+        )
+        self.desired.put(desired)
+        return desired
+
+    def _mounted(self, container_id: str) -> tuple[list[str], list[str]]:
+        """The GPUs hot-mounted into a container: by name, and by count (oldest first).
+        RDMA devices are left out: they come and go with their GPUs."""
+        record = self.engine.ledger.load(container_id)
+        devices = sorted(record.devices.values(), key=lambda d: d.mounted_at) if record else []
+        gpus = [d for d in devices if d.kind != str(DeviceKind.RDMA)]
+        by_count = [d.key for d in gpus if d.metadata.get("holder") and not pin_of(d.metadata)]
+        return [d.key for d in gpus if d.key not in by_count], by_count
 
     # -- standalone containers
     def mount_container(self, container_id: str, request: MountRequest) -> MountResult:

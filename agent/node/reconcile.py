@@ -8,8 +8,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from agent.errors import ApiError
+from agent.errors import ApiError, PodNotFound
+from agent.kube.client import KubeClient
 from agent.metrics import Metrics
+from agent.node.desired import DesiredMounts
 from agent.node.double_booking import DoubleBookings
 from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
@@ -28,6 +30,8 @@ class ReconcilePass:
     double_bookings: DoubleBookings
     idle_reclaim: IdleReclaim
     remounts: Remounts
+    desired: DesiredMounts
+    kube: KubeClient | None
 
     def reconcile(self) -> ReconcileReport:
         records = {r.key: r for r in self.engine.ledger.records()}
@@ -38,6 +42,7 @@ class ReconcilePass:
         self.remounts.keep(records[k] for k in report.forgotten if k in records)
         self.remounts.remount()
         self._release_swept(before)
+        self._prune_desired()
         repairs = {
             "grant": report.regranted,
             "wrapper": report.rewrapped,
@@ -58,6 +63,26 @@ class ReconcilePass:
         self.holders.take_back_unheld()
         self.idle_reclaim.reclaim_idle()
         return report
+
+    def _prune_desired(self) -> None:
+        """A pod's applied spec goes with the pod (or when a namesake replaces it)."""
+        if self.kube is None:
+            return
+        for desired in self.desired.all():
+            try:
+                uid = self.kube.get_pod(desired.namespace, desired.pod).uid
+            except PodNotFound:
+                uid = None
+            except ApiError as exc:
+                log.warning("cannot look up %s/%s: %s", desired.namespace, desired.pod, exc.message)
+                continue
+            if uid != desired.uid:
+                self.desired.delete(desired.namespace, desired.pod)
+                log.info(
+                    "dropped the GPUMount spec of %s/%s: the pod is gone",
+                    desired.namespace,
+                    desired.pod,
+                )
 
     def _named_holders(self) -> dict[str, set[str]]:
         """Each namespace's holder and pin pods that a mount, or a restarted container's

@@ -13,7 +13,8 @@ and the pins and holders it names stay: the GPUs stay in the pod's books, so no 
 pod is given them meanwhile. When the pod is deleted, has finished (Succeeded or
 Failed: nothing restarts), or is replaced by a new pod of the same name (a new UID),
 the intent goes, and with it its pins and holders, which nothing names any more.
-Mounts made before the agent recorded pod UIDs are not carried over.
+Mounts made before the agent recorded pod UIDs, and mounts asked `once`, are not
+carried over.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from agent.errors import ApiError, PodNotFound
 from agent.kube.client import KubeClient, PodInfo
 from agent.node.locks import ContainerLocks
-from agent.node.results import POD_UID, record_event
+from agent.node.results import ONCE, POD_UID, record_event
 from hotmount import engine as eng
 from hotmount.errors import HotmountError
 from hotmount.ledger import ContainerRecord, DeviceRecord, Intent, now
@@ -45,10 +46,11 @@ class Remounts:
         """Keep what each dead container of a pod had, for its successor."""
         for record in records:
             owner = owner_of(record)
-            if owner is None:
+            kept = {k: d for k, d in record.devices.items() if d.metadata.get(ONCE) != "true"}
+            if owner is None or not kept:
                 continue
             key = f"{owner[POD_UID]}/{owner['container']}"
-            intent = Intent(key=key, owner=owner, devices=record.devices, saved_at=now())
+            intent = Intent(key=key, owner=owner, devices=kept, saved_at=now())
             self.engine.ledger.save_intent(intent)
             log.info("keeping %s of %s for its container's successor", list(record.devices), key)
 

@@ -93,6 +93,7 @@ def pod_of(group: str | None) -> str | None:
 
 
 POD_UID = "podUid"  # ledger metadata: the pod a mount was for, told from a namesake
+ONCE = "once"  # ledger metadata: "true" for a mount not carried across a container restart
 
 
 def meta(info: PodInfo, container: ContainerInfo, user: str) -> dict[str, str]:

@@ -62,7 +62,7 @@ def test_discovery(cluster: Cluster, backend: AggregatedAgent) -> None:
     assert set(by_name) == {"gpumounts", "nodedevices", "reassignments"}
     assert by_name["gpumounts"]["namespaced"] is True
     assert by_name["gpumounts"]["kind"] == "GPUMount"
-    assert set(by_name["gpumounts"]["verbs"]) == {"create", "delete", "get", "list"}
+    assert set(by_name["gpumounts"]["verbs"]) == {"create", "delete", "get", "list", "patch"}
     assert by_name["nodedevices"]["namespaced"] is False
     assert by_name["reassignments"]["verbs"] == ["create"]
 

@@ -187,3 +187,17 @@ def test_an_unmount_while_the_container_is_down_drops_what_it_would_get_again(
     wait_passes(agent, 2)
     assert new.open_result(NVIDIA0) == "ENOENT"
     assert not cluster.events("GPURemounted")
+
+
+def test_a_mount_asked_once_is_not_carried_across_a_restart(cluster: Cluster) -> None:
+    old = cluster.pod("nb", mode="v2")
+    agent = cluster.agent()
+    with agent.client(ALICE) as api:
+        assert api.post(MOUNTS, json={"devices": ["0"], "once": True}).status_code == 200
+    assert pins_of(cluster, "nb")
+
+    new = restart(cluster, "nb", old)
+    wait_for(lambda: not pins_of(cluster, "nb"), "its pin goes with the dead container")
+    wait_passes(agent, 2)
+    assert new.open_result(NVIDIA0) == "ENOENT"
+    assert not cluster.events("GPURemounted")

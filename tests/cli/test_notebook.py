@@ -23,6 +23,7 @@ from cli.notebook import Command, Config, NotebookError, parse
         ("attach --count 2", Command("attach", count=2)),
         ("attach --count=2 --idle 30m", Command("attach", count=2, idle_timeout="30m")),
         ("attach GPU-aaaa --idle=1h", Command("attach", devices=["GPU-aaaa"], idle_timeout="1h")),
+        ("attach 0 --once", Command("attach", devices=["0"], once=True)),
         ("detach", Command("detach", all=True)),
         ("detach 0", Command("detach", devices=["0"])),
         ("detach --all", Command("detach", all=True)),

@@ -1,4 +1,4 @@
-"""nvcli's RDMA and netdev flags: what they send, refusals before any request, and
+"""nvcli's RDMA and netdev flags (and --once): what they send, refusals before any request, and
 `nvcli mount --with-rdma --with-netdev` then `nvcli list` against the real agent."""
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ BODIES = {
         {"netdev": {"name": "ens1f0v2", "inside": "hpc0", "mtu": 9000,
                     "addresses": ["10.0.0.2/24", "fd00::2/64"]}},
     ),
+    "once": (["--once"], {"once": True}),
 }  # fmt: skip
 
 

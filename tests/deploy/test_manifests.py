@@ -341,7 +341,9 @@ def test_user_role_is_aggregated_to_edit():
     role = find(MAIN, "ClusterRole", "hotmount-user")
     assert role["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
     rules = role["rules"]
-    assert rules_allow(rules, "hotmount.io", "gpumounts", {"create", "delete", "get", "list"})
+    assert rules_allow(
+        rules, "hotmount.io", "gpumounts", {"create", "delete", "get", "list", "patch"}
+    )
     assert rules_allow(rules, "hotmount.io", "nodedevices", {"get", "list"})
     assert rules_allow(rules, "hotmount.io", "reassignments", {"create"})
     assert not rules_allow(rules, "hotmount.io", "gpumounts", {"update"})

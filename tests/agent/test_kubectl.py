@@ -1,8 +1,10 @@
-"""What `kubectl get` prints for gpumounts and nodedevices: a real kubectl, parsing the
-agent's Tables through the (fake) API server's discovery and front proxy."""
+"""kubectl as operators use it, against the agent through the (fake) API server's
+discovery and front proxy: what `kubectl get` prints for gpumounts and nodedevices (the
+agent's Tables), and `kubectl apply` / `delete` of a GPUMount (desired state)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -10,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.agent.conftest import ALICE, DANA, AggregatedAgent, Cluster
 from tests.agent.test_aggregated import GPUMOUNTS, gpumount, grant_cluster_resources
@@ -120,3 +123,86 @@ def test_kubectl_get_nodedevices_prints_each_device_and_its_holders(
 
     wide = {r["GPU"]: r for r in printed(cluster, ALICE, "nodedevices", "node-a", "-o", "wide")}
     assert wide["1"]["DEVICE"] == GPU1.uuid and wide["1"]["PCI"].lower() == GPU1.bus_id.lower()
+
+
+# -- kubectl apply: a GPUMount's spec is what the pod should have -----------------------------
+
+
+def gpumount_file(cluster: Cluster, **spec: object) -> str:
+    path = cluster.workdir / "gpumount.yaml"
+    document = {"apiVersion": "hotmount.io/v1alpha1", "kind": "GPUMount",
+                "metadata": {"name": "nb"}, "spec": spec}  # fmt: skip
+    path.write_text(yaml.safe_dump(document))
+    return str(path)
+
+
+def applied(cluster: Cluster, *args: str) -> str:
+    """`kubectl apply`, its client-side validation off: the fake API server publishes no
+    OpenAPI v2 (a protobuf document) to validate against. tests/k8s applies with it on."""
+    result = kubectl(cluster, ALICE, "apply", "--validate=false", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_kubectl_apply_mounts_the_difference_and_delete_unmounts_all(
+    cluster: Cluster, backend: AggregatedAgent
+) -> None:
+    nb = cluster.pod("nb")
+    gpu0, gpu1 = (f"/dev/nvidia{g.minor}" for g in GPUS)
+
+    assert "gpumount.hotmount.io/nb" in applied(
+        cluster, "-f", gpumount_file(cluster, devices=["0"])
+    )
+    assert (nb.open_result(gpu0), nb.open_result(gpu1)) == ("ENXIO", "ENOENT")
+    assert "unchanged" in applied(cluster, "-f", gpumount_file(cluster, devices=["0"]))
+
+    edited = applied(cluster, "-f", gpumount_file(cluster, devices=["1"]))
+    assert "configured" in edited
+    assert (nb.open_result(gpu0), nb.open_result(gpu1)) == ("ENOENT", "ENXIO")
+    got = json.loads(kubectl(cluster, ALICE, "get", "gpumount", "nb", "-o", "json").stdout)
+    assert got["spec"] == {"devices": ["1"]}
+    assert "kubectl.kubernetes.io/last-applied-configuration" in got["metadata"]["annotations"]
+
+    deleted = kubectl(cluster, ALICE, "delete", "gpumount", "nb")
+    assert deleted.returncode == 0, deleted.stderr
+    assert (nb.open_result(gpu0), nb.open_result(gpu1)) == ("ENOENT", "ENOENT")
+    got = json.loads(kubectl(cluster, ALICE, "get", "gpumount", "nb", "-o", "json").stdout)
+    assert "spec" not in got and "annotations" not in got["metadata"]
+
+
+def test_kubectl_apply_by_count_keeps_that_many(cluster: Cluster, backend: AggregatedAgent) -> None:
+    nb = cluster.pod("nb")
+    applied(cluster, "-f", gpumount_file(cluster, count=2))
+    assert [nb.open_result(f"/dev/nvidia{g.minor}") for g in GPUS] == ["ENXIO", "ENXIO"]
+    assert "unchanged" in applied(cluster, "-f", gpumount_file(cluster, count=2))
+    applied(cluster, "-f", gpumount_file(cluster, count=1))
+    assert sorted(nb.open_result(f"/dev/nvidia{g.minor}") for g in GPUS) == ["ENOENT", "ENXIO"]
+
+
+def test_server_side_apply_and_dry_run_are_refused_and_change_nothing(
+    cluster: Cluster, backend: AggregatedAgent
+) -> None:
+    nb = cluster.pod("nb")
+    path = gpumount_file(cluster, devices=["0"])
+    server_side = kubectl(cluster, ALICE, "apply", "--validate=false", "--server-side", "-f", path)
+    assert server_side.returncode != 0
+    assert "server-side apply is not supported for gpumounts" in server_side.stderr
+    dry = kubectl(cluster, ALICE, "apply", "--validate=false", "--dry-run=server", "-f", path)
+    assert dry.returncode != 0 and "dry run is not supported" in dry.stderr, dry.stderr
+    assert nb.open_result(f"/dev/nvidia{GPUS[0].minor}") == "ENOENT"
+
+    applied(cluster, "-f", path)
+    kept = kubectl(cluster, ALICE, "delete", "gpumount", "nb", "--dry-run=server")
+    assert kept.returncode != 0 and "dry run is not supported" in kept.stderr, kept.stderr
+    assert nb.open_result(f"/dev/nvidia{GPUS[0].minor}") == "ENXIO"
+
+    invalid = kubectl(
+        cluster,
+        ALICE,
+        "apply",
+        "--validate=false",
+        "-f",
+        gpumount_file(cluster, devices=["0"], count=1),
+    )
+    assert invalid.returncode != 0 and "either devices or count" in invalid.stderr
+    assert nb.open_result(f"/dev/nvidia{GPUS[0].minor}") == "ENXIO"  # as it was
