@@ -29,6 +29,7 @@ from agent.kube.client import KubeClient, PodInfo
 from agent.node.locks import ContainerLocks
 from agent.node.results import ONCE, POD_UID, record_event
 from hotmount import engine as eng
+from hotmount.claims import HOLDER_KEYS
 from hotmount.errors import HotmountError
 from hotmount.ledger import ContainerRecord, DeviceRecord, Intent, now
 
@@ -106,6 +107,9 @@ class Remounts:
         """The same devices, each with its own metadata (pin, holder, idle timeout), by
         the group they shared with; RDMA devices ride with the GPUs they came with."""
         riders = [k for k, d in devices.items() if d.with_devices]
+        # Whom the claims name (a refusal tells another tenant who holds the GPU).
+        first = next(iter(devices.values())).metadata
+        holder = {k: first[k] for k in HOLDER_KEYS if k in first}
         by_share: dict[str | None, list[str]] = defaultdict(list)
         for key, device in devices.items():
             if key not in riders:
@@ -115,6 +119,7 @@ class Remounts:
             result = self.engine.mount(
                 container_id,
                 keys,
+                metadata=holder,
                 group=f"{pod.namespace}/{pod.name}",
                 share_with=share,
                 rdma=riders if index == 0 and riders else None,

@@ -7,6 +7,8 @@ status in the fake API server names the new container, as the kubelet would repo
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.agent.conftest import ALICE, Cluster
@@ -75,6 +77,15 @@ def test_a_restarted_container_gets_its_gpu_again_with_the_same_pin(cluster: Clu
     [device] = container["devices"]
     assert (device["key"], device["pin"]) == (GPU0.uuid, pin["metadata"]["name"])
     assert device["idleTimeout"] == "30m"
+    # The new claim names the pod, as a refusal to another tenant would.
+    claims = [
+        json.loads(p.read_text()) for p in (cluster.workdir / "state-node-a" / "claims").iterdir()
+    ]
+    [claim] = [c for c in claims if c["device"] == GPU0.uuid]
+    assert (claim["owner"], claim["holder"]) == (
+        new.id,
+        {"namespace": "default", "pod": "nb", "container": "main"},
+    )
 
 
 def test_a_gpu_waits_in_the_pods_books_while_its_container_is_backing_off(
