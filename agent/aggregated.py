@@ -211,9 +211,16 @@ def _node_devices(listing: node_listing.Listing, node: str) -> dict[str, Any]:
 
 
 def _answer(
-    request: Request, kind: str, objects: list[dict[str, Any]], include: IncludeObject
+    request: Request,
+    caller: Identity,
+    gateway: Gateway | None,
+    kind: str,
+    local: list[dict[str, Any]],
+    include: IncludeObject,
 ) -> Any:
-    """A list, or the Table of it when kubectl asked for one."""
+    """This node's objects and every other node's, as a list, or its Table when kubectl
+    asked for one."""
+    objects = local + _other_nodes(request, caller, gateway)
     version = table_version(request.headers.get("accept"))
     if version is None:
         return _list(kind, objects)
@@ -337,7 +344,7 @@ def list_gpumounts(
 ) -> Any:
     authz.require(caller, "list", namespace)
     items = [_gpumount(p, namespace) for p in listing.namespace_mounts(namespace)]
-    return _answer(request, "GPUMount", items + _other_nodes(request, caller, gateway), include)
+    return _answer(request, caller, gateway, "GPUMount", items, include)
 
 
 @router.get(f"/{VERSION}/gpumounts")
@@ -359,7 +366,7 @@ def list_gpumounts_everywhere(
     if not _may_list(authz, caller, ""):
         mounts = {ns: pods for ns, pods in mounts.items() if _may_list(authz, caller, ns)}
     items = [_gpumount(p, ns) for ns, pods in sorted(mounts.items()) for p in pods]
-    return _answer(request, "GPUMount", items + _other_nodes(request, caller, gateway), include)
+    return _answer(request, caller, gateway, "GPUMount", items, include)
 
 
 @router.get(f"/{VERSION}/namespaces/{{namespace}}/gpumounts/{{pod}}")
@@ -470,7 +477,7 @@ def list_node_devices(
 ) -> Any:
     authz.require(caller, "list", resource="nodedevices")
     items = [_node_devices(listing, listing.node_name or "")]
-    return _answer(request, "NodeDevices", items + _other_nodes(request, caller, gateway), include)
+    return _answer(request, caller, gateway, "NodeDevices", items, include)
 
 
 @router.get(f"/{VERSION}/nodedevices/{{node}}")

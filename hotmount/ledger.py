@@ -147,7 +147,7 @@ class Ledger:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return
-        _atomic_write(path, record.model_dump_json().encode())
+        atomic_write(path, record.model_dump_json().encode())
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -160,7 +160,7 @@ class Ledger:
 
     # -- intents: what a dead container's successor should have again
     def save_intent(self, intent: Intent) -> None:
-        _atomic_write(self._intent_path(intent.key), intent.model_dump_json().encode())
+        atomic_write(self._intent_path(intent.key), intent.model_dump_json().encode())
 
     def delete_intent(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -359,7 +359,8 @@ def _parse(path: str) -> ContainerRecord | None:
         return None
 
 
-def _atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes) -> None:
+    """`data` at `path` whole or not at all: a temp file of its own beside it, renamed."""
     tmp = _temp_beside(path)
     try:
         _write_new(tmp, data)

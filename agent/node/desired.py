@@ -23,6 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from hotmount.ledger import atomic_write
+
 
 class DesiredMount(BaseModel):
     namespace: str
@@ -100,10 +102,10 @@ class DesiredMounts:
         return found if uid is None or found.uid == uid else None
 
     def put(self, desired: DesiredMount) -> None:
-        path = self._path(desired.namespace, desired.pod)
-        temp = path.with_suffix(".tmp")
-        temp.write_bytes(desired.model_dump_json().encode())
-        os.replace(temp, path)
+        atomic_write(
+            os.fspath(self._path(desired.namespace, desired.pod)),
+            desired.model_dump_json().encode(),
+        )
 
     def delete(self, namespace: str, pod: str) -> None:
         with contextlib.suppress(FileNotFoundError):
