@@ -16,6 +16,7 @@ import yaml
 
 from tests.agent.conftest import ALICE, DANA, AggregatedAgent, Cluster
 from tests.agent.test_aggregated import GPUMOUNTS, gpumount, grant_cluster_resources
+from tests.fakes.kube_apiserver import AccessRule
 from tests.support.agent import GPUS
 
 pytestmark = [
@@ -206,3 +207,33 @@ def test_server_side_apply_and_dry_run_are_refused_and_change_nothing(
     )
     assert invalid.returncode != 0 and "either devices or count" in invalid.stderr
     assert nb.open_result(f"/dev/nvidia{GPUS[0].minor}") == "ENXIO"  # as it was
+
+
+def test_patch_alone_does_not_let_a_caller_mount_or_unmount(
+    cluster: Cluster, backend: AggregatedAgent
+) -> None:
+    """The API server lets `get` and `patch gpumounts` through; the agent still asks for
+    `create` (and `delete`) on the pod, as for a mount, so a role that grants those alone
+    mounts nothing, and takes nothing away."""
+    nb = cluster.pod("nb")
+    cluster.kube.add_token("pat-token", "pat", [])
+    for verb in ("get", "patch"):  # what kubectl apply needs, and nothing more
+        cluster.kube.allow(
+            AccessRule(user="pat", api_group="hotmount.io", resource="gpumounts", verb=verb)
+        )
+    refused = kubectl(
+        cluster, "pat-token", "apply", "--validate=false", "-f",
+        gpumount_file(cluster, devices=["0"]),
+    )  # fmt: skip
+    assert refused.returncode != 0, refused.stdout
+    assert "cannot create gpumounts.hotmount.io" in refused.stderr, refused.stderr
+    assert nb.open_result(f"/dev/nvidia{GPUS[0].minor}") == "ENOENT"
+
+    applied(cluster, "-f", gpumount_file(cluster, devices=["0"]))  # alice's
+    taken = kubectl(
+        cluster, "pat-token", "apply", "--validate=false", "-f",
+        gpumount_file(cluster, devices=["1"]),
+    )  # fmt: skip
+    assert taken.returncode != 0
+    assert nb.open_result(f"/dev/nvidia{GPUS[0].minor}") == "ENXIO"
+    assert nb.open_result(f"/dev/nvidia{GPUS[1].minor}") == "ENOENT"
