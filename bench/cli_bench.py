@@ -3,6 +3,8 @@ start and against kubectl on the same API server path.
 
     sudo .venv/bin/python -m bench.cli_bench [--iterations 30] [--before REV]
     sudo flock /tmp/k8s-tier.lock .venv/bin/python -m bench.cli_bench --kubectl  # optional
+    bash scripts/build-cli.sh && sudo .venv/bin/python -m bench.cli_bench \
+        --pyz dist/nvcli.pyz --wheel dist/gpu_hotmount-0.1.0-py3-none-any.whl
 
 Starts, on this machine, a real `hotmount-agent` process for a runc pod `nb` behind the
 fake API server's front proxy (tests/agent/conftest.py's Cluster), mounts one stand-in
@@ -15,7 +17,9 @@ GPU into it, then times each command as a new process, N times, and prints p50/p
 - `kubectl get --raw` of that same aggregated path, with the same kubeconfig;
 
 then the ratios of each to `python -c pass`, and of nvcli's aggregated status to
-kubectl's; CPU time (user + system) too, which a loaded machine disturbs less. Commands
+kubectl's (`--pyz`: the one-file nvcli's `version`, `--help` and `status` against nvcli
+installed from the same wheel in a venv, both on /usr/bin/python3, and their ratios);
+CPU time (user + system) too, which a loaded machine disturbs less. Commands
 run round-robin, so load changes fall on all alike. `--before REV` times the same
 commands from the `cli/`, `agent/` and `hotmount/` of git revision REV (extracted with
 `git archive`; this venv's packages) as "before" figures. `--kubectl` times the real
@@ -126,6 +130,41 @@ def commands(
     return found
 
 
+def zipapp_commands(
+    pyz: Path, installed: Path, config: Path, system_python: str
+) -> dict[str, list[str]]:
+    """The one-file nvcli against nvcli installed from the same wheel, both on the system's
+    python3 (`--pyz`): start-up alone, and a status through the API server."""
+    status = ["status", "--name", POD, "--kubeconfig", str(config)]
+    return {
+        "python -c pass": [system_python, "-c", "pass"],
+        "installed nvcli version": [str(installed), "version"],
+        "nvcli.pyz version": [system_python, str(pyz), "version"],
+        "installed nvcli --help": [str(installed), "--help"],
+        "nvcli.pyz --help": [system_python, str(pyz), "--help"],
+        "installed nvcli status (aggregated)": [str(installed), *status],
+        "nvcli.pyz status (aggregated)": [system_python, str(pyz), *status],
+    }
+
+
+def install_from_wheel(wheel: Path, into: Path, python: str) -> Path:
+    """nvcli as `pip install 'gpu-hotmount[cli]'` leaves it: a venv of `python`, compiled."""
+    subprocess.run([python, "-m", "venv", str(into)], check=True)
+    pip = [str(into / "bin" / "python"), "-m", "pip", "install", "-q", f"{wheel}[cli]"]
+    subprocess.run(pip, check=True, capture_output=True)
+    return into / "bin" / "nvcli"
+
+
+def report_zipapp(wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:
+    report("the one-file nvcli (nvcli.pyz) next to nvcli installed from the wheel", wall, cpu)
+    for what in ("version", "--help", "status (aggregated)"):
+        for kind, samples in (("wall", wall), ("CPU", cpu)):
+            ratio = percentile(samples[f"nvcli.pyz {what}"], 50) / percentile(
+                samples[f"installed nvcli {what}"], 50
+            )
+            print(f"{f'ratio nvcli.pyz / installed, {what} ({kind})':<56} {ratio:8.2f}x")
+
+
 def report(
     title: str, wall: dict[str, list[float]], cpu: dict[str, list[float]] | None = None
 ) -> None:
@@ -197,6 +236,15 @@ def bench_fake_cluster(args: argparse.Namespace) -> None:
             ["uptime"], capture_output=True, text=True, check=False
         ).stdout.strip()
         print(f"{args.iterations} runs each; {uptime}")
+        if args.pyz:
+            system_python = "/usr/bin/python3"
+            installed = install_from_wheel(args.wheel, work / "installed", system_python)
+            # The first run unpacks; the figures are of the runs after it, as a user's are.
+            env["NVCLI_CACHE_DIR"] = str(work / "pyz-cache")
+            subprocess.run([system_python, str(args.pyz), "version"], env=env, check=True)
+            found = zipapp_commands(args.pyz, installed, config, system_python)
+            report_zipapp(*measure(found, args.iterations, env))
+            return
         if args.before:
             # `python -m` puts the working directory first on sys.path: the old tree's.
             old = extract(args.before, work / "before")
@@ -253,7 +301,13 @@ def main() -> int:
     parser.add_argument("--before", metavar="REV", help="also time cli/ of this git revision")
     parser.add_argument("--kubectl", action="store_true", help="the real-node tier instead")
     parser.add_argument("--pod", default="default/gpu-pod", help="--kubectl: NAMESPACE/POD")
+    parser.add_argument(
+        "--pyz", type=Path, help="time this nvcli.pyz against an install of --wheel instead"
+    )
+    parser.add_argument("--wheel", type=Path, help="--pyz: the wheel it was built with")
     args = parser.parse_args()
+    if args.pyz and not args.wheel:
+        parser.error("--pyz needs --wheel (bash scripts/build-cli.sh writes both to dist/)")
     compile_bytecode()
     if args.kubectl:
         bench_real_node(args)

@@ -423,6 +423,12 @@ class AggregatedTransport(_Base):
             listing.node = name
         return listing
 
+    def pod_names(self, namespace: str) -> list[str]:
+        data = self._call("GET", f"/api/v1/namespaces/{_segment(namespace)}/pods",
+                          params=[("limit", "500")])  # fmt: skip
+        items = data.get("items") if isinstance(data, dict) else None
+        return [str(i["metadata"]["name"]) for i in items or [] if i.get("metadata")]
+
     def move(self, request: ReassignRequest) -> ReassignResult:
         """Within one namespace, a namespaced Reassignment: the API server authorizes it
         in that namespace, so a RoleBinding is enough. Across namespaces, the cluster-scoped
@@ -573,6 +579,13 @@ class HotmountClient:
     def list_devices(self, node: str | None = None) -> list[DeviceList]:
         """The devices of a node (every node when `node` is None) and who holds each."""
         return self.transport.list_devices(node)
+
+    def pod_names(self, namespace: str) -> list[str]:
+        """The namespace's pods, from the API server (shell completion of `--name`); none
+        through an agent called directly, which lists no pods."""
+        if isinstance(self.transport, AggregatedTransport):
+            return self.transport.pod_names(namespace)
+        return []
 
     def move(
         self,

@@ -23,12 +23,20 @@ from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 import typer
 
 from cli import __version__
+from cli.completion import (
+    SHELLS,
+    complete_gpus,
+    complete_mounted,
+    complete_pods,
+    complete_var,
+)
 from cli.errors import DEFAULT_TIMEOUT, EXIT_USAGE, Busy, HotmountClientError
 from cli.options import Common, OutputFormat
 from cli.output import Waiting, render, status_table
+from cli.reach import UsageError, make_client, namespace_of
 
 if TYPE_CHECKING:
-    from cli.client import HotmountClient
+    pass
 
 # Start-up time is most of a call's wall time (docs/api.md, "nvcli"): this module imports
 # typer and the cheap cli.errors and cli.output only. The client (cli.client, cli.http),
@@ -192,10 +200,6 @@ def _root(opts: Common) -> None:
     """
 
 
-class UsageError(Exception):
-    """A command line that cannot work: printed with the usage, exit 2."""
-
-
 # -- logging, durations, the namespace ----------------------------------------------------------
 
 
@@ -221,36 +225,6 @@ def _setup_logging(verbosity: int) -> None:
         logger.setLevel(logging.WARNING)
 
 
-_NUM = r"(\d+(?:\.\d+)?)"
-_DURATION = re.compile(rf"(?:{_NUM}h)?(?:{_NUM}m(?!s))?(?:{_NUM}s)?(?:{_NUM}ms)?")
-
-
-def parse_duration(text: str | None) -> float | None:
-    """kubectl's durations: `30s`, `2m`, `1h`, `1m30s`, `500ms`, bare seconds; 0: no limit."""
-    if text is None:
-        return DEFAULT_TIMEOUT
-    text = text.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        match = _DURATION.fullmatch(text)
-        if not text or match is None:
-            raise UsageError(f"{text!r} is not a duration (e.g. 30s, 2m, 1m30s)") from None
-        h, m, s, ms = (float(g) if g else 0.0 for g in match.groups())
-        seconds = h * 3600 + m * 60 + s + ms / 1000
-    if seconds < 0:
-        raise UsageError("must not be negative")
-    return seconds or None
-
-
-def namespace_of(opts: Common) -> str:
-    if opts.namespace:
-        return opts.namespace
-    from cli.kubeconfig import context_namespace  # reads the kubeconfig's YAML
-
-    return context_namespace(opts.kubeconfig, opts.context)
-
-
 def split_refs(values: list[str] | None) -> list[str]:
     """`--mount 0,1`, `--mount=0 --mount 1`: one flat list, duplicates kept once."""
     refs = [part.strip() for value in values or [] for part in value.split(",")]
@@ -258,35 +232,6 @@ def split_refs(values: list[str] | None) -> list[str]:
 
 
 # -- reaching the agent ---------------------------------------------------------------------------
-
-
-def make_client(opts: Common) -> HotmountClient:
-    from cli.client import HotmountClient
-
-    timeout = parse_duration(opts.timeout)
-    if opts.agent:
-        token = opts.token
-        if token is None and opts.token_file is not None:
-            try:
-                token = opts.token_file.read_text().strip()
-            except OSError as exc:
-                raise UsageError(str(exc)) from None
-        verify: Any = True
-        if opts.insecure_skip_tls_verify:
-            verify = False
-        elif opts.certificate_authority is not None:
-            verify = str(opts.certificate_authority)
-        if token:
-            from cli.cleartext import refuse_plain_credentials
-
-            try:
-                refuse_plain_credentials(opts.agent, "the --token")
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-        return HotmountClient.for_agent(opts.agent, token, verify=verify, timeout=timeout)
-    if opts.token or opts.token_file:
-        raise UsageError("--token and --token-file go with --agent URL")
-    return HotmountClient.from_kubeconfig(opts.kubeconfig, opts.context, timeout=timeout)
 
 
 def _check_modes(opts: Common) -> None:
@@ -412,7 +357,10 @@ def permission_hint(err: HotmountClientError, opts: Common, needs: tuple[str, st
 
 # -- commands -------------------------------------------------------------------------------------
 
-Name = Annotated[str | None, typer.Option("--name", metavar="POD", help="the pod")]
+Name = Annotated[
+    str | None,
+    typer.Option("--name", metavar="POD", help="the pod", autocompletion=complete_pods),
+]
 Force = Annotated[bool, typer.Option("--force", help="stop processes holding the device")]
 
 
@@ -476,6 +424,7 @@ def mount(
             "--mount",
             metavar="DEVICES",
             help="devices: indices, UUIDs or CDI names; comma-separated or repeated",
+            autocompletion=complete_gpus,
         ),
     ] = None,
     count: Annotated[
@@ -649,7 +598,10 @@ def unmount(
     unmount: Annotated[
         list[str] | None,
         typer.Option(
-            "--unmount", metavar="DEVICES", help="devices to take away; comma-separated or repeated"
+            "--unmount",
+            metavar="DEVICES",
+            help="devices to take away; comma-separated or repeated",
+            autocompletion=complete_mounted,
         ),
     ] = None,
     all_devices: Annotated[
@@ -817,10 +769,46 @@ def version(opts: Common) -> None:
     emit({"clientVersion": {"version": __version__}}, opts)
 
 
+@app.command()
+def completion(
+    ctx: typer.Context,
+    shell: Annotated[str, typer.Argument(metavar="bash|zsh", help="the shell")],
+) -> None:
+    """Print the shell code that completes commands, flags, pods and GPUs.
+
+    \b
+    Example:
+      nvcli completion bash > ~/.local/share/bash-completion/completions/nvcli
+      echo 'source <(nvcli completion zsh)' >> ~/.zshrc
+    """
+    from typer.completion import completion_init
+
+    from cli.completion import script
+
+    if shell not in SHELLS:
+        typer.echo(f"Error: no completion for {shell!r}: use one of {', '.join(SHELLS)}", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    completion_init()  # typer's classes for each shell, which its completion answers with
+    root = ctx.find_root()
+    executable = "kubectl-gpu" if root.info_name == PLUGIN_NAME else "nvcli"
+    typer.echo(script(root.command, shell, executable), nl=False)
+
+
+# kubectl runs a plugin `kubectl gpu ARGS` as the executable `kubectl-gpu` on PATH, with
+# ARGS as they were typed: kubectl's --kubeconfig, --context and -n among them.
+PLUGIN_NAME = "kubectl gpu"
+
+
+def program_name(argv0: str) -> str:
+    """`kubectl gpu` when run as the kubectl plugin (its usage lines say so), else nvcli."""
+    return PLUGIN_NAME if Path(argv0).name.startswith("kubectl-gpu") else "nvcli"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The `nvcli` console script; returns (and exits with) the exit status."""
+    """The `nvcli` and `kubectl-gpu` console scripts; returns (and exits with) the status."""
     try:
-        app(args=argv, prog_name="nvcli", standalone_mode=True)
+        name = program_name(sys.argv[0])
+        app(args=argv, prog_name=name, complete_var=complete_var(name), standalone_mode=True)
     except SystemExit as exc:
         code = exc.code
         if code is None:
