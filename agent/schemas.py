@@ -34,7 +34,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from agent.idle import format_duration, parse_duration
-from hotmount.devices.model import Device
+from hotmount.devices.model import Device, MigDetails
 from hotmount.netdev.plan import DEFAULT_INSIDE_NAME, NetdevSpec
 
 DeviceRef = Annotated[
@@ -107,6 +107,29 @@ class DeviceHolder(Model):
     pin: str | None = None
 
 
+class MigInfo(Model):
+    """A MIG instance's IDs; `source` nvml (with `profile`, `memoryMiB` and the device's
+    `uuid`) or procfs (NVML did not load or list it: no UUID)."""
+
+    gpu_instance: int
+    compute_instance: int
+    source: str
+    profile: str | None = None
+    memory_mib: int | None = Field(default=None, alias="memoryMiB")
+
+    @classmethod
+    def of(cls, mig: MigDetails | None) -> MigInfo | None:
+        if mig is None:
+            return None
+        return cls(
+            gpu_instance=mig.gpu_instance,
+            compute_instance=mig.compute_instance,
+            source=mig.source,
+            profile=mig.profile,
+            memory_mib=mig.memory_mib,
+        )
+
+
 class DeviceInfo(Model):
     key: str
     kind: str
@@ -127,6 +150,7 @@ class DeviceInfo(Model):
     # Whose books the GPU is in: device-plugin, dra or unmanaged (None: not a GPU, or
     # not known here, as with `nvcli --local`). docs/api.md, "Accounting".
     management: str | None = None
+    mig: MigInfo | None = None  # a MIG instance's IDs, profile and memory
 
     @classmethod
     def of(
@@ -156,6 +180,7 @@ class DeviceInfo(Model):
             nearest_gpus=nearest_gpus or [],
             nearest_rdma=nearest_rdma,
             management=management,
+            mig=MigInfo.of(device.mig),
         )
 
 

@@ -127,8 +127,8 @@ def devices_table(listings: list[DeviceList]) -> str:
             listing.node,
             d.index if d.index is not None else "-",
             d.key,
-            d.kind,
-            d.uuid,
+            kind_text(d),
+            uuid_text(d),
             ",".join(d.aliases) or "-",
             nearest_text(d, listing),
             d.management or "-",
@@ -151,6 +151,20 @@ def devices_table(listings: list[DeviceList]) -> str:
         "HELD BY",
     ]
     return columns(headers, rows)
+
+
+def kind_text(device: DeviceInfo) -> str:
+    """A MIG instance's kind with its profile (`mig 1g.10gb`) where NVML gave one."""
+    if device.mig is not None and device.mig.profile:
+        return f"{device.kind} {device.mig.profile}"
+    return device.kind
+
+
+def uuid_text(device: DeviceInfo) -> str | None:
+    """A MIG instance read from /proc alone has no UUID: say why, not just `-`."""
+    if device.uuid is None and device.mig is not None and device.mig.source == "procfs":
+        return "<none: no NVML>"
+    return device.uuid
 
 
 def nearest_text(device: DeviceInfo, listing: DeviceList) -> str:

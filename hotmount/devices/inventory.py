@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from hotmount import claims
-from hotmount.devices import cdi, mig, nvidia, rdma, topology
-from hotmount.devices.model import Device, DeviceKind, DeviceNode
+from hotmount.devices import cdi, mig, mig_nvml, nvidia, rdma, topology
+from hotmount.devices.model import Device, DeviceKind, DeviceNode, MigDetails
 from hotmount.devices.topology import PciLocation
 from hotmount.errors import DeviceNotFound, InvalidDeviceRef
 from hotmount.hostfs import HostRoot
@@ -285,11 +285,15 @@ def _mig_devices(
     if caps_major is None:
         return []
     devices = []
-    for instance in mig.mig_instances(host):
+    for instance, listed in mig_nvml.join(mig.mig_instances(host), _nvml_migs(gpus_by_minor)):
         parent = gpus_by_minor.get(instance.gpu_minor)
         if parent is None:
             continue
+        # The key stays the /proc form whether or not NVML loads, so that the ledger's
+        # records name the same device across restarts; the MIG UUID is its `uuid`
+        # and a name it answers to.
         key = f"MIG-{parent.uuid}/{instance.gi}/{instance.ci}"
+        uuid = listed.uuid if listed else None
         caps = "/dev/nvidia-caps/nvidia-cap"
         devices.append(
             Device(
@@ -301,9 +305,23 @@ def _mig_devices(
                     DeviceNode(f"{caps}{instance.ci_cap_minor}", caps_major, instance.ci_cap_minor),
                 ),
                 shared_nodes=control,
+                uuid=uuid,
                 parent=parent.uuid,
                 minor=parent.minor,
-                aliases=(f"{parent.index}:{instance.gi}:{instance.ci}",),
+                aliases=(*([uuid] if uuid else []), f"{parent.index}:{instance.gi}:{instance.ci}"),
+                mig=MigDetails(
+                    instance.gi,
+                    instance.ci,
+                    source="nvml" if listed else "procfs",
+                    profile=listed.profile if listed else None,
+                    memory_mib=listed.memory_mib if listed else None,
+                ),
             )
         )
     return devices
+
+
+def _nvml_migs(gpus_by_minor: dict[int, nvidia.GpuInfo]) -> list[mig_nvml.NvmlMig] | None:
+    """Every MIG device NVML listed, or None where NVML listed none of the GPUs' (no NVML)."""
+    read = [gpu.migs for gpu in gpus_by_minor.values() if gpu.migs is not None]
+    return [m for migs in read for m in migs] if read else None

@@ -88,6 +88,27 @@ class DeviceRule:
 
 
 @dataclass(frozen=True)
+class MigDetails:
+    """What a MIG instance is. `source` says where it was read: `nvml` (with its UUID,
+    profile and memory) or `procfs` (/proc/driver/nvidia-caps alone: IDs, no UUID)."""
+
+    gpu_instance: int
+    compute_instance: int
+    source: str = "procfs"
+    profile: str | None = None  # e.g. 1g.10gb
+    memory_mib: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "gpuInstance": self.gpu_instance,
+            "computeInstance": self.compute_instance,
+            "source": self.source,
+            "profile": self.profile,
+            "memoryMiB": self.memory_mib,
+        }
+
+
+@dataclass(frozen=True)
 class Device:
     """A device a caller can name: the key is canonical (UUID or CDI name)."""
 
@@ -103,6 +124,7 @@ class Device:
     aliases: tuple[str, ...] = field(default=())
     numa_node: int | None = None
     netdevs: tuple[str, ...] = ()  # an RDMA NIC's network interfaces
+    mig: MigDetails | None = None  # a MIG instance's IDs, profile and memory
 
     @property
     def all_nodes(self) -> tuple[DeviceNode, ...]:
@@ -120,6 +142,7 @@ class Device:
             "aliases": list(self.aliases),
             "numaNode": self.numa_node,
             "netdevs": list(self.netdevs),
+            "mig": self.mig.as_dict() if self.mig else None,
             "nodes": [n.as_dict() for n in self.nodes],
             "sharedNodes": [n.as_dict() for n in self.shared_nodes],
         }

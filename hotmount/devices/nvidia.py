@@ -10,7 +10,9 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from hotmount.devices import mig_nvml
 from hotmount.devices.model import DeviceNode
 from hotmount.hostfs import HostRoot
 
@@ -27,6 +29,8 @@ class GpuInfo:
     uuid: str
     pci_bus_id: str
     minor: int
+    # Its MIG devices as NVML lists them; None where NVML was not read (procfs) or failed.
+    migs: tuple[mig_nvml.NvmlMig, ...] | None = None
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -81,13 +85,24 @@ def gpus_from_nvml() -> list[GpuInfo] | None:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
             bus = normalize_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
-            gpus.append(GpuInfo(index, uuid, bus, pynvml.nvmlDeviceGetMinorNumber(handle)))
+            minor = pynvml.nvmlDeviceGetMinorNumber(handle)
+            gpus.append(GpuInfo(index, uuid, bus, minor, _migs(pynvml, handle, uuid, minor)))
         return gpus
     except pynvml.NVMLError as exc:
         log.warning("NVML enumeration failed (%s); reading /proc/driver/nvidia", exc)
         return None
     finally:
         pynvml.nvmlShutdown()
+
+
+def _migs(pynvml: Any, handle: Any, uuid: str, minor: int) -> tuple[mig_nvml.NvmlMig, ...] | None:
+    """One GPU's MIG devices; None if NVML fails on them (its instances then come from
+    /proc alone, without UUIDs, rather than the GPU going missing)."""
+    try:
+        return tuple(mig_nvml.read_migs(pynvml, handle, minor))
+    except pynvml.NVMLError as exc:
+        log.warning("NVML cannot list the MIG devices of %s (%s); reading /proc", uuid, exc)
+        return None
 
 
 def _text(value: str | bytes) -> str:

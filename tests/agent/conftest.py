@@ -140,10 +140,14 @@ class Cluster:
         *,
         port: int | None = None,
         tls: CertPaths | None = None,
+        driver: Path | None = None,
+        env: dict[str, str] | None = None,
+        proc_devices: Path | None = None,
     ) -> AgentProcess:
         """Start an agent for `node`. `port`: when the caller must know it beforehand
         (a front proxy configured before the agent starts); `tls`: serve HTTPS with
-        this certificate (and forward to other agents over HTTPS)."""
+        this certificate (and forward to other agents over HTTPS); `driver`, `env`,
+        `proc_devices`: another /proc/driver tree, environment, /proc/devices (MIG)."""
         port = port or free_port()
         state_dir = self.workdir / (state or f"state-{node}")
         scheme = "https" if tls is not None else "http"
@@ -178,7 +182,16 @@ class Cluster:
         verify: ssl.SSLContext | bool = False
         if tls is not None:
             verify = ssl.create_default_context(cafile=str(tls.ca))
-        agent = AgentProcess(self.workdir, self.driver, args, port, scheme, verify)
+        agent = AgentProcess(
+            self.workdir,
+            driver or self.driver,
+            args,
+            port,
+            scheme,
+            verify,
+            env=env,
+            proc_devices=proc_devices,
+        )
         self.agents.append(agent)
         self.kube.put_pod(agent_pod_manifest(node, port))
         return agent

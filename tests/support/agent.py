@@ -68,15 +68,21 @@ class AgentProcess:
         port: int,
         scheme: str = "http",
         verify: Any = False,
+        *,
+        env: dict[str, str] | None = None,
+        proc_devices: Path | None = None,
     ) -> None:
+        """`env`: added to the agent's (a fake NVML's, tests/fakes/nvml); `proc_devices`:
+        a file bound over /proc/devices in its namespace (majors such as nvidia-caps)."""
         self.port, self.scheme, self.verify = port, scheme, verify
         self.log = workdir / f"agent-{port}.log"
         agent = [sys.executable, "-m", "agent.main", *args]
+        devices = f"mount --bind {proc_devices} /proc/devices && " if proc_devices else ""
         script = (
-            "mount --make-rprivate / && mount -t tmpfs none /proc/driver && "
+            f"mount --make-rprivate / && {devices}mount -t tmpfs none /proc/driver && "
             f'cp -a {driver_tree}/. /proc/driver/ && exec "$@"'
         )
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         for name in list(env):
             if name.startswith("HOTMOUNT_") or name in ("NODE_NAME", "POD_NAMESPACE"):
                 env.pop(name)

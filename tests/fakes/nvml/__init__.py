@@ -29,6 +29,7 @@ class FakeGpu:
     minor: int
     compute_pids: tuple[int, ...] = ()
     graphics_pids: tuple[int, ...] = ()
+    mig: bool | None = None  # MIG mode on or off; None: the GPU is not MIG-capable
 
     def line(self) -> str:
         parts = [self.uuid, self.bus_id, f"minor={self.minor}"]
@@ -36,6 +37,28 @@ class FakeGpu:
             parts.append("pids=" + ",".join(map(str, self.compute_pids)))
         if self.graphics_pids:
             parts.append("graphics=" + ",".join(map(str, self.graphics_pids)))
+        if self.mig is not None:
+            parts.append("mig=on" if self.mig else "mig=off")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class FakeMig:
+    """A MIG device under the GPU whose UUID is `parent` (its line comes after the GPUs')."""
+
+    uuid: str
+    parent: str
+    gi: int
+    ci: int
+    profile: str = "1g.10gb"
+    memory_mib: int = 9856
+    slot: int | None = None  # its index under the parent; None: the next free one
+
+    def line(self) -> str:
+        parts = [self.uuid, f"parent={self.parent}", f"gi={self.gi}", f"ci={self.ci}"]
+        if self.slot is not None:
+            parts.append(f"slot={self.slot}")
+        parts += [f"profile={self.profile}", f"memory={self.memory_mib}"]
         return " ".join(parts)
 
 
@@ -57,9 +80,9 @@ def build(directory: Path) -> Path:
     return directory
 
 
-def write_config(path: Path, gpus: Iterable[FakeGpu]) -> Path:
-    """The fake's GPUs, one line each, in NVML index order."""
-    path.write_text("".join(gpu.line() + "\n" for gpu in gpus))
+def write_config(path: Path, gpus: Iterable[FakeGpu], migs: Iterable[FakeMig] = ()) -> Path:
+    """The fake's GPUs, one line each, in NVML index order; then its MIG devices."""
+    path.write_text("".join(d.line() + "\n" for d in (*gpus, *migs)))
     return path
 
 

@@ -8,6 +8,14 @@
  *
  * `pids` are compute processes, `graphics` graphics ones. $FAKE_NVML_INIT_ERROR=<code>
  * makes nvmlInit fail with that NVML_ERROR_* code (9: NVML_ERROR_DRIVER_NOT_LOADED).
+ *
+ * MIG: a GPU line may add `mig=on` or `mig=off` (MIG-capable, mode enabled or not; without
+ * it the GPU is not MIG-capable). A MIG device is a line of its own, after its parent's:
+ *
+ *     MIG-<uuid> parent=GPU-<uuid> gi=<n> ci=<n> [slot=<n>] [profile=1g.10gb] [memory=<MiB>]
+ *
+ * `slot` is its index under the parent (default: the next free one; NVML's indexes may
+ * have holes); the profile gives the name's suffix and the attributes' slice counts.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +69,13 @@ static struct nvmlDevice_st gpus[MAX_GPUS];
 static unsigned int ngpus;
 static int refcount;
 
+/* MIG devices (the MIG block below): their handles are nvmlDevice_t too. */
+static int is_mig(nvmlDevice_t device);
+static void reset_migs(void);
+static void parse_mig_line(char *uuid, char **save);
+static void parse_gpu_mig_flag(struct nvmlDevice_st *gpu, const char *tok);
+static nvmlReturn_t mig_handle_by_uuid(const char *uuid, nvmlDevice_t *device);
+
 static unsigned int parse_pids(const char *list, unsigned int *out) {
     unsigned int n = 0;
     char *end;
@@ -81,11 +96,16 @@ static nvmlReturn_t load_config(void) {
     if (!f)
         return NVML_ERROR_DRIVER_NOT_LOADED; /* what NVML says with no kernel module */
     ngpus = 0;
+    reset_migs();
     while (fgets(line, sizeof line, f) && ngpus < MAX_GPUS) {
         struct nvmlDevice_st *g = &gpus[ngpus];
         char *save, *tok = strtok_r(line, " \t\r\n", &save);
         if (!tok || tok[0] == '#')
             continue;
+        if (!strncmp(tok, "MIG-", 4)) {
+            parse_mig_line(tok, &save);
+            continue;
+        }
         memset(g, 0, sizeof *g);
         snprintf(g->uuid, sizeof g->uuid, "%s", tok);
         tok = strtok_r(NULL, " \t\r\n", &save);
@@ -100,6 +120,8 @@ static nvmlReturn_t load_config(void) {
                 g->ncompute = parse_pids(tok + 5, g->compute);
             else if (!strncmp(tok, "graphics=", 9))
                 g->ngraphics = parse_pids(tok + 9, g->graphics);
+            else if (!strncmp(tok, "mig=", 4))
+                parse_gpu_mig_flag(g, tok + 4);
         }
         ngpus++;
     }
@@ -176,13 +198,13 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
             return NVML_SUCCESS;
         }
     }
-    return NVML_ERROR_NOT_FOUND;
+    return mig_handle_by_uuid(uuid, device);
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     if (!refcount)
         return NVML_ERROR_UNINITIALIZED;
-    if (!valid(device) || !uuid)
+    if (!(valid(device) || is_mig(device)) || !uuid)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (strlen(device->uuid) + 1 > length)
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -264,3 +286,238 @@ _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
 _Static_assert(__builtin_offsetof(nvmlPciInfo_t, busId) == 36, "nvmlPciInfo_t.busId");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t");
 _Static_assert(__builtin_offsetof(nvmlProcessInfo_t, usedGpuMemory) == 8, "usedGpuMemory");
+
+/* ---- MIG: the calls pynvml makes to enumerate MIG devices (nvml.h's "Multi Instance GPU
+ * Management" group). A MIG device's handle is a struct nvmlDevice_st of its own (its UUID;
+ * minor is the parent's); what is MIG about it lives in the parallel `mig_info`. ---- */
+
+#define MAX_MIGS_PER_GPU 7 /* what an A100 or H100 reports as nvmlDeviceGetMaxMigDeviceCount */
+#define MAX_MIGS (MAX_GPUS * MAX_MIGS_PER_GPU)
+#define FAKE_NVML_ERROR_NOT_SUPPORTED ((nvmlReturn_t)3) /* NVML_ERROR_NOT_SUPPORTED */
+#define NVML_DEVICE_MIG_DISABLE 0
+#define NVML_DEVICE_MIG_ENABLE 1
+#define MIG_NOT_CAPABLE (-1)
+
+/* nvml.h: nvmlDeviceAttributes_t (what nvmlDeviceGetAttributes_v2 fills). */
+typedef struct nvmlDeviceAttributes_st {
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+    unsigned int gpuInstanceSliceCount;
+    unsigned int computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+_Static_assert(sizeof(nvmlDeviceAttributes_t) == 40, "nvmlDeviceAttributes_t");
+_Static_assert(__builtin_offsetof(nvmlDeviceAttributes_t, memorySizeMB) == 32, "memorySizeMB");
+
+struct fake_mig {
+    unsigned int parent, slot, gi, ci; /* parent: index into gpus */
+    unsigned int gi_slices, ci_slices;
+    unsigned long long memory_mib;
+    char profile[32];
+};
+
+static struct nvmlDevice_st mig_devices[MAX_MIGS];
+static struct fake_mig mig_info[MAX_MIGS];
+static unsigned int nmigs;
+static int gpu_mig_mode[MAX_GPUS]; /* MIG_NOT_CAPABLE, or NVML_DEVICE_MIG_{DISABLE,ENABLE} */
+
+static int is_mig(nvmlDevice_t device) {
+    return device >= mig_devices && device < mig_devices + nmigs;
+}
+
+static struct fake_mig *mig_of(nvmlDevice_t device) {
+    return &mig_info[device - mig_devices];
+}
+
+static void reset_migs(void) {
+    nmigs = 0;
+    for (unsigned int i = 0; i < MAX_GPUS; i++)
+        gpu_mig_mode[i] = MIG_NOT_CAPABLE;
+}
+
+static void parse_gpu_mig_flag(struct nvmlDevice_st *gpu, const char *value) {
+    gpu_mig_mode[gpu - gpus] = strcmp(value, "on") ? NVML_DEVICE_MIG_DISABLE : NVML_DEVICE_MIG_ENABLE;
+}
+
+static int slot_taken(unsigned int parent, unsigned int slot) {
+    for (unsigned int i = 0; i < nmigs; i++)
+        if (mig_info[i].parent == parent && mig_info[i].slot == slot)
+            return 1;
+    return 0;
+}
+
+/* "1g.10gb" -> 1 and 1; "1c.2g.20gb" -> 2 GPU slices, 1 compute slice. */
+static void profile_slices(const char *profile, unsigned int *gi, unsigned int *ci) {
+    unsigned int a, b;
+    *gi = *ci = 1;
+    if (sscanf(profile, "%uc.%ug.", &a, &b) == 2) {
+        *ci = a;
+        *gi = b;
+    } else if (sscanf(profile, "%ug.", &a) == 1) {
+        *gi = *ci = a;
+    }
+}
+
+/* One `MIG-<uuid> parent=GPU-<uuid> gi= ci= [slot=] [profile=] [memory=]` line; a line
+ * whose parent is not an earlier GPU line, or has no room, is ignored. */
+static void parse_mig_line(char *uuid, char **save) {
+    struct fake_mig m = {.slot = MAX_MIGS_PER_GPU, .memory_mib = 9856};
+    int parent = -1;
+    char *tok;
+    snprintf(m.profile, sizeof m.profile, "1g.10gb");
+    while ((tok = strtok_r(NULL, " \t\r\n", save))) {
+        if (!strncmp(tok, "parent=", 7)) {
+            for (unsigned int i = 0; i < ngpus; i++)
+                if (!strcmp(gpus[i].uuid, tok + 7))
+                    parent = (int)i;
+        } else if (!strncmp(tok, "gi=", 3))
+            m.gi = (unsigned int)strtoul(tok + 3, NULL, 10);
+        else if (!strncmp(tok, "ci=", 3))
+            m.ci = (unsigned int)strtoul(tok + 3, NULL, 10);
+        else if (!strncmp(tok, "slot=", 5))
+            m.slot = (unsigned int)strtoul(tok + 5, NULL, 10);
+        else if (!strncmp(tok, "profile=", 8))
+            snprintf(m.profile, sizeof m.profile, "%s", tok + 8);
+        else if (!strncmp(tok, "memory=", 7))
+            m.memory_mib = strtoull(tok + 7, NULL, 10);
+    }
+    if (parent < 0 || nmigs >= MAX_MIGS)
+        return;
+    m.parent = (unsigned int)parent;
+    if (m.slot >= MAX_MIGS_PER_GPU)
+        for (m.slot = 0; m.slot < MAX_MIGS_PER_GPU && slot_taken(m.parent, m.slot); m.slot++)
+            ;
+    if (m.slot >= MAX_MIGS_PER_GPU || slot_taken(m.parent, m.slot))
+        return;
+    profile_slices(m.profile, &m.gi_slices, &m.ci_slices);
+    memset(&mig_devices[nmigs], 0, sizeof mig_devices[nmigs]);
+    snprintf(mig_devices[nmigs].uuid, sizeof mig_devices[nmigs].uuid, "%s", uuid);
+    mig_devices[nmigs].minor = gpus[m.parent].minor;
+    mig_info[nmigs++] = m;
+}
+
+static nvmlReturn_t mig_handle_by_uuid(const char *uuid, nvmlDevice_t *device) {
+    for (unsigned int i = 0; i < nmigs; i++) {
+        if (!strcmp(mig_devices[i].uuid, uuid)) {
+            *device = &mig_devices[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                  unsigned int *pendingMode) {
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(device) || !currentMode || !pendingMode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpu_mig_mode[device - gpus] == MIG_NOT_CAPABLE)
+        return FAKE_NVML_ERROR_NOT_SUPPORTED;
+    *currentMode = *pendingMode = (unsigned int)gpu_mig_mode[device - gpus];
+    return NVML_SUCCESS;
+}
+
+/* nvml.h: "Returns zero if MIG is not supported or enabled." */
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(device) || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = gpu_mig_mode[device - gpus] == NVML_DEVICE_MIG_ENABLE ? MAX_MIGS_PER_GPU : 0;
+    return NVML_SUCCESS;
+}
+
+/* NOT_FOUND where no MIG device sits at `index`: callers walk 0..max and skip the holes. */
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                 nvmlDevice_t *migDevice) {
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(device) || !migDevice || index >= MAX_MIGS_PER_GPU)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpu_mig_mode[device - gpus] != NVML_DEVICE_MIG_ENABLE)
+        return FAKE_NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned int i = 0; i < nmigs; i++) {
+        if (&gpus[mig_info[i].parent] == device && mig_info[i].slot == index) {
+            *migDevice = &mig_devices[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!(valid(device) || is_mig(device)) || !isMigDevice)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *isMigDevice = (unsigned int)is_mig(device);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
+                                                          nvmlDevice_t *device) {
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!is_mig(migDevice) || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &gpus[mig_of(migDevice)->parent];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!is_mig(device) || !id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = mig_of(device)->gi;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!is_mig(device) || !id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = mig_of(device)->ci;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes) {
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!(valid(device) || is_mig(device)) || !attributes)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!is_mig(device))
+        return FAKE_NVML_ERROR_NOT_SUPPORTED; /* attributes are a MIG device's */
+    const struct fake_mig *m = mig_of(device);
+    memset(attributes, 0, sizeof *attributes);
+    attributes->multiprocessorCount = 16 * m->ci_slices; /* H100: 16 SMs a compute slice */
+    attributes->sharedCopyEngineCount = m->gi_slices;
+    attributes->sharedDecoderCount = m->gi_slices;
+    attributes->gpuInstanceSliceCount = m->gi_slices;
+    attributes->computeInstanceSliceCount = m->ci_slices;
+    attributes->memorySizeMB = m->memory_mib;
+    return NVML_SUCCESS;
+}
+
+/* The driver names a MIG device "<GPU name> MIG <profile>" (nvidia-smi -L prints the tail). */
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    char text[96];
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!(valid(device) || is_mig(device)) || !name)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (is_mig(device))
+        snprintf(text, sizeof text, "NVIDIA H200 MIG %s", mig_of(device)->profile);
+    else
+        snprintf(text, sizeof text, "NVIDIA H200");
+    if (strlen(text) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(name, text);
+    return NVML_SUCCESS;
+}
