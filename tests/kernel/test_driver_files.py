@@ -7,6 +7,7 @@ ld.so.conf.d pointing at the host, a read-only root) change nothing outside."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import DriverRefused, UnsafePath
 from tests.fakes import driver as stand_in
 from tests.fakes import nvml
+from tests.kernel.conftest import STAND_IN_SPEC, engine_cli
 from tests.support.runc import RuncContainer, make_rootfs
 
 pytestmark = pytest.mark.skipif(nvml.gcc() is None, reason="gcc builds the stand-in driver")
@@ -293,3 +295,24 @@ def test_auto_injects_only_where_the_linker_finds_no_libcuda(
     auto.unmount(bare.id)
     assert auto.mount(has_cuda.id, [GPU]).driver is None
     assert _smi(has_cuda)[0] != 0
+
+
+def test_the_engine_cli_mounts_with_the_driver_from_a_driver_root(
+    tmp_path: Path, driver_root: Path, run_container
+) -> None:
+    cdi = tmp_path / "cdi-plain"
+    cdi.mkdir()
+    (cdi / "gpu.yaml").write_text(STAND_IN_SPEC)
+    container = run_container(_rootfs(tmp_path / "image"))
+    args = ["--container", container.id, "--device", GPU]
+
+    mounted = engine_cli(
+        cdi, tmp_path / "state", "mount", *args, "--with-driver", "--driver-root", str(driver_root)
+    )
+
+    assert mounted.returncode == 0, mounted.stderr
+    assert "/usr/bin/nvidia-smi" in json.loads(mounted.stdout)["driver"]["files"]
+    assert _smi(container)[0] == 0
+    gone = engine_cli(cdi, tmp_path / "state", "unmount", *args)
+    assert gone.returncode == 0, gone.stderr
+    assert _smi(container)[0] != 0
