@@ -34,6 +34,7 @@ MOVE_MOUNT_T_EMPTY_PATH = 0x40
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
 CLONE_NEWNS = 0x00020000
+CLONE_FS = 0x00000200
 
 
 class _MountAttr(ctypes.Structure):  # include/uapi/linux/mount.h: struct mount_attr
@@ -114,8 +115,14 @@ def _in_namespace(ns_fd: int, work: object) -> int:
         code = 255
         try:
             os.close(read_end)
+            # A library's fork handler (grpc's) may start threads in the child; they
+            # share its fs_struct, and setns of a mount namespace refuses a shared one.
+            if _libc.unshare(CLONE_FS) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"unshare(CLONE_FS): {os.strerror(err)}")
             if _libc.setns(ns_fd, CLONE_NEWNS) != 0:
-                raise OSError(ctypes.get_errno(), "setns")
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns: {os.strerror(err)}")
             result = work()  # type: ignore[operator]
             os.write(write_end, f"ok {result}".encode())
             code = 0
