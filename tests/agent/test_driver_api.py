@@ -119,6 +119,8 @@ def test_bad_driver_requests_change_nothing(
 
         assert refused.status_code == code, refused.text
         assert refused.json()["kind"] == "Status" and words in refused.json()["message"]
+        if code == 400:
+            assert refused.json()["reason"] == "DriverUnavailable"
         assert f"nvidia{GPUS[0].minor}" not in container.ls_dev()
         assert api.get(PODS).json()["containers"] == []
         assert container.exec("ls", "/usr/bin/nvidia-smi").returncode != 0
