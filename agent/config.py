@@ -67,6 +67,23 @@ class AgentSettings(BaseSettings):
         ),
         json_schema_extra={"metavar": "CIDR"},
     )
+    driver_root: Path | None = Field(
+        default=None,
+        description=(
+            "where the driver's files are when no CDI spec mounts them: the host's / or the "
+            "GPU Operator's /run/nvidia/driver, as the host sees it (default: CDI specs only)"
+        ),
+        json_schema_extra={"metavar": "DIR"},
+    )
+    inject_driver: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description=(
+            "a mount that leaves withDriver out brings the driver's files: auto (when the "
+            "container's linker finds no libcuda.so.1 and a CDI spec or --driver-root has "
+            "them), always, or never (docs/driver.md)"
+        ),
+        json_schema_extra={"metavar": "MODE"},
+    )
     state_dir: Path = Field(default=DEFAULT_STATE_DIR, description="the ledger's directory")
     use_nvml: bool = Field(default=True, description="enumerate GPUs with NVML when it loads")
     stop_grace: float = Field(default=10.0, ge=0, description="seconds between SIGTERM and SIGKILL")

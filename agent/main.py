@@ -51,6 +51,8 @@ def engine_from(settings: AgentSettings) -> Engine:
             sys_root=settings.sys_root,
             netdev_allow=tuple(settings.netdev_allow),
             netdev_address_cidrs=tuple(settings.netdev_address_cidr),
+            driver_root=str(settings.driver_root) if settings.driver_root else None,
+            inject_driver=settings.inject_driver,
         )
     )
 

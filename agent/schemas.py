@@ -230,6 +230,9 @@ class MountRequest(Request):
     # This mount only: not mounted again into a container that replaces this one after a
     # restart (agent/node/remounts.py). None by default, for older agents.
     once: bool | None = None
+    # The driver's user-space files too (docs/driver.md): true brings them (400 when the node
+    # has no source), false never; None (left out) takes the node's --inject-driver.
+    with_driver: bool | None = None
 
     @model_validator(mode="after")
     def _devices_or_count(self) -> MountRequest:
@@ -294,11 +297,23 @@ class MountedDevice(Model):
     mounted_at: str | None = None  # ISO 8601, UTC: when it was hot-mounted
 
 
+class DriverAdded(Model):
+    """The driver's files a mount added (docs/driver.md). `env`: what the caller exports
+    (running processes cannot take it); `notes`: why, when it is not empty."""
+
+    origin: str
+    files: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    ignored_hooks: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class ContainerMount(Model):
     container: str | None = None
     container_id: str
     mounted: list[MountedDevice]
     already_mounted: list[MountedDevice]
+    driver: DriverAdded | None = None
 
 
 class MountResult(Model):
@@ -314,6 +329,7 @@ class MountResult(Model):
     holder_pod: str | None = None
     containers: list[ContainerMount] = Field(default_factory=list)
     netdevs: list[str] = Field(default_factory=list)  # host interfaces moved into the pod
+    driver: DriverAdded | None = None  # the driver's files this mount added (none: None)
 
 
 class UnmountResult(Model):
@@ -326,6 +342,8 @@ class UnmountResult(Model):
     stopped_pids: list[int]
     holder_pods_deleted: list[str] = Field(default_factory=list)
     netdevs: list[str] = Field(default_factory=list)  # host interfaces given back
+    driver_removed: list[str] = Field(default_factory=list)  # the driver's files taken out
+    driver_detached: list[str] = Field(default_factory=list)  # of those, busy: detached lazily
 
 
 class ContainerDevices(Model):

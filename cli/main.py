@@ -465,6 +465,15 @@ def mount(
             "NUMA node): /dev/infiniband/uverbsN and rdma_cm, unmounted with the GPU",
         ),
     ] = False,
+    with_driver: Annotated[
+        bool | None,
+        typer.Option(
+            "--with-driver/--without-driver",
+            help="also the driver's libraries and tools (libcuda, nvidia-smi) for a pod "
+            "started without the NVIDIA runtime; prints what to export (default: the "
+            "node's --inject-driver, auto)",
+        ),
+    ] = None,
     rdma: Annotated[
         list[str] | None,
         typer.Option(
@@ -518,6 +527,7 @@ def mount(
       nvcli mount --name consumer-0 --mount 0 --share-with producer-0
       nvcli mount --name notebook-0 --count 2
       nvcli mount --name trainer-0 --mount 0 --with-rdma --with-netdev
+      nvcli mount --name cpu-notebook-0 --mount 0 --with-driver
       nvcli mount --name trainer-0 --mount 0 --rdma rdma/mlx5_1 --netdev ens1f0v2
       sudo nvcli mount --local --container 3f2a... --mount 0
     """
@@ -543,6 +553,10 @@ def mount(
         if opts.local or kind == "container":
             raise UsageError("--once is for pods: a container by ID is never mounted again")
         riders["once"] = True
+    if with_driver is not None:
+        if opts.local or kind == "container":
+            raise UsageError("--with-driver works on pods (locally: python -m hotmount mount)")
+        riders["with_driver"] = with_driver
     if opts.local:
         if count is not None:
             raise UsageError("--count needs the scheduler: it does not work with --local")

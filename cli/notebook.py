@@ -23,6 +23,11 @@ Inside the notebook's pod nothing needs configuring; each guess can be overridde
                              ServiceAccount's ca.crt (the agent's CA verifies the Service)
     GPU_HOTMOUNT_IDLE_TIMEOUT  idle timeout of every attach (`--idle` wins)
 
+In a pod started without the NVIDIA runtime, the agent (its --inject-driver, auto by
+default) brings the driver's libraries and tools with the GPU; what they need in the
+environment (LD_LIBRARY_PATH, when the image's own linker cache would hide them) is
+set in this kernel's `os.environ`, so its subprocesses (`!nvidia-smi`) get it.
+
 A process that initialised CUDA before the attach does not see the new GPU (the
 driver enumerates devices once, at cuInit): the magic says so, and to restart the
 kernel, when it finds CUDA already initialised in this kernel.
@@ -34,7 +39,7 @@ import os
 import shlex
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -253,9 +258,12 @@ def attach(
     idle_timeout: str | None = None,
     config: Config | None = None,
     once: bool = False,
+    environ: MutableMapping[str, str] | None = None,
 ) -> MountResult:
     """Hot-mount GPUs into this pod: `devices` by name, else `count` (default 1). They
-    come back if the container restarts, unless `once`."""
+    come back if the container restarts, unless `once`. withDriver is left to the node
+    (auto: the driver's files come when this image has no libcuda.so.1); the environment
+    they need goes into `environ` (default `os.environ`: this kernel's subprocesses)."""
     from pydantic import ValidationError
 
     from agent.schemas import MountRequest
@@ -274,7 +282,24 @@ def attach(
         problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise InvalidRequest(make_status(400, problems, "BadRequest")) from exc
     with config.client() as client:
-        return client.transport.mount(config.namespace, config.pod, request)
+        result = client.transport.mount(config.namespace, config.pod, request)
+    if result.driver is not None:
+        target = os.environ if environ is None else environ
+        target.update(environment_after(result.driver.env, target))
+    return result
+
+
+PATH_LISTS = ("LD_LIBRARY_PATH", "PATH")  # the new entries go first; the old ones stay
+
+
+def environment_after(edits: Mapping[str, str], current: Mapping[str, str]) -> dict[str, str]:
+    """The variables to set: `edits`, with a search path put before the one already set."""
+    out = {}
+    for name, value in edits.items():
+        old = current.get(name, "")
+        kept = [p for p in old.split(":") if p and p not in value.split(":")]
+        out[name] = ":".join([value, *kept]) if name in PATH_LISTS and kept else value
+    return out
 
 
 def detach(devices: list[str] | None = None, config: Config | None = None) -> UnmountResult:
@@ -318,6 +343,10 @@ def attached_message(result: MountResult, cuda: list[str], config: Config) -> st
     idle = result.mounted[0].idle_timeout
     if idle:
         text += f"; given back after {idle} unused"
+    if result.driver is not None:
+        text += f"; with the driver's files ({len(result.driver.files)})"
+        if result.driver.env:
+            text += f", and {', '.join(sorted(result.driver.env))} set for subprocesses"
     if cuda:
         return (
             f"{text}. This kernel initialised CUDA before ({', '.join(cuda)}), so it cannot "

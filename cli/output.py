@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         DeviceHolder,
         DeviceInfo,
         DeviceList,
+        DriverAdded,
         MountResult,
         ReassignResult,
         UnmountResult,
@@ -241,7 +242,24 @@ def mount_table(result: MountResult) -> str:
         lines.append(f"accounted by holder pod {result.namespace}/{result.holder_pod}")
     if result.netdevs:
         lines.append(f"network interfaces moved in: {', '.join(result.netdevs)}")
+    if result.driver is not None:
+        lines += driver_lines(result.driver)
     return "\n".join(lines)
+
+
+def driver_lines(driver: DriverAdded) -> list[str]:
+    """What came with the device, and the `export` lines a shell needs: a running
+    process cannot be given an environment, so the caller sets it (docs/driver.md)."""
+    import shlex
+
+    lines = [f"driver files added: {len(driver.files)} from {driver.origin}"]
+    lines += [f"note: {note}" for note in driver.notes]
+    if driver.ignored_hooks:
+        lines.append(f"hooks not applied: {', '.join(driver.ignored_hooks)}")
+    if driver.env:
+        lines.append("export in the pod's shells (new processes):")
+        lines += [f"  export {k}={shlex.quote(v)}" for k, v in driver.env.items()]
+    return lines
 
 
 def unmount_table(result: UnmountResult) -> str:
@@ -256,6 +274,10 @@ def unmount_table(result: UnmountResult) -> str:
         lines.append(f"holder pods deleted: {', '.join(result.holder_pods_deleted)}")
     if result.netdevs:
         lines.append(f"network interfaces given back: {', '.join(result.netdevs)}")
+    if result.driver_removed:
+        lines.append(f"driver files removed: {len(result.driver_removed)}")
+    if result.driver_detached:
+        lines.append(f"  still mapped, detached lazily: {', '.join(result.driver_detached)}")
     return "\n".join(lines)
 
 

@@ -61,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
             help="index, UUID or CDI name; comma-separated or repeated",
         )
         cmd.add_argument("--force", action="store_true")
+        if name == "mount":
+            cmd.add_argument(
+                "--with-driver",
+                action="store_true",
+                default=None,
+                help="bring the driver's libraries and tools (docs/driver.md)",
+            )
+            cmd.add_argument("--driver-root", help="where the driver's files are (host path)")
         if name == "unmount":
             cmd.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")
     status = sub.add_parser("status", parents=[common], help="what is hot-mounted")
@@ -82,6 +90,7 @@ def run(args: argparse.Namespace) -> Any:
             use_nvml=not args.no_nvml,
             node_method=args.node_method,
             stop_grace=getattr(args, "grace", 10.0),
+            driver_root=getattr(args, "driver_root", None),
         )
     )
     if args.command == "devices":
@@ -91,7 +100,10 @@ def run(args: argparse.Namespace) -> Any:
             for device in engine.inventory.devices
         ]
     if args.command == "mount":
-        return engine.mount(args.container, _devices(args.device), force=args.force).as_dict()
+        devices = _devices(args.device)
+        return engine.mount(
+            args.container, devices, force=args.force, with_driver=args.with_driver
+        ).as_dict()
     if args.command == "unmount":
         refs = _devices(args.device) or None
         return engine.unmount(args.container, refs, force=args.force).as_dict()
@@ -113,7 +125,10 @@ def _text(command: str, result: Any) -> str:
     if command == "mount":
         done = [d["key"] for d in result["mounted"]]
         same = [d["key"] for d in result["already_mounted"]]
-        return f"mounted: {', '.join(done) or '-'}; already mounted: {', '.join(same) or '-'}"
+        text = f"mounted: {', '.join(done) or '-'}; already mounted: {', '.join(same) or '-'}"
+        driver = result.get("driver") or {}
+        exports = [f"export {k}={v}" for k, v in (driver.get("env") or {}).items()]
+        return "\n".join([text, *exports])
     if command == "unmount":
         return (
             f"unmounted: {', '.join(result['unmounted']) or '-'}; "

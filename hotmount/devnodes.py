@@ -184,6 +184,10 @@ class Openat2Fs:
         self._dirs = {}
         os.close(self.root_fd)
 
+    def directory(self, path: str, create: bool) -> int | None:
+        """`_dir` for other placers of files (hotmount/driver/place.py)."""
+        return self._dir(path, create)
+
     def _dir(self, path: str, create: bool) -> int | None:
         """An O_PATH fd of a directory resolved inside the container (kept until `close`:
         the caller must not close it); mkdir -p when asked."""

@@ -25,15 +25,26 @@ from hotmount.devices import companions
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
 from hotmount.devices.model import Device
 from hotmount.devnodes import ContainerFs, NodeState, open_container_fs
+from hotmount.driver import sources as driver_sources
+from hotmount.driver import steps as driver_steps
+from hotmount.driver.place import DriverPlacer
 from hotmount.errors import (
     ContainerNotFound,
+    DriverUnavailable,
     HotmountError,
     NotInContainer,
     UnsafePath,
 )
 from hotmount.grants import CgroupGrants, rule_of
 from hotmount.hostfs import HostRoot
-from hotmount.ledger import ContainerRecord, DeviceRecord, Ledger, NodeRecord, PendingOp, now
+from hotmount.ledger import (
+    ContainerRecord,
+    DeviceRecord,
+    Ledger,
+    NodeRecord,
+    PendingOp,
+    now,
+)
 from hotmount.liveness import Liveness
 from hotmount.netdev.moves import Netdevs
 from hotmount.netdev.plan import NetdevRefused, NetdevSpec, Network
@@ -63,6 +74,8 @@ class EngineConfig:
     sys_root: Path | None = None  # where /sys is read for RDMA and PCIe places (default: host)
     netdev_allow: tuple[str, ...] = ()  # interfaces (names, globs) that may move; empty: none
     netdev_address_cidrs: tuple[Network, ...] = ()  # where set addresses may lie; empty: none
+    driver_root: str | None = None  # where the driver's files are (host path); None: CDI only
+    inject_driver: str = "never"  # a mount's default: auto | always | never (docs/driver.md)
 
 
 class Engine:
@@ -119,6 +132,7 @@ class Engine:
         rdma: list[str] | None = None,
         netdev: NetdevSpec | None = None,
         device_metadata: dict[str, dict[str, str]] | None = None,
+        with_driver: bool | None = None,
     ) -> MountResult:
         """Mount `device_refs` into one container.
 
@@ -128,12 +142,14 @@ class Engine:
         `with_rdma`, `rdma`: RDMA devices that come and go with these GPUs
         (hotmount/devices/companions.py). `netdev`: an interface moved into the container's
         network namespace with them (hotmount/netdev/moves.py). `device_metadata`: more
-        metadata for some devices, by key (each GPU's own pin).
+        metadata for some devices, by key (each GPU's own pin). `with_driver`: bring the
+        driver's files too (hotmount/driver/); None takes the engine's `inject_driver`.
         """
         if netdev is not None:
             options = {"force": force, "metadata": metadata, "group": group}
             options |= {"device_metadata": device_metadata}
             options |= {"share_with": share_with, "with_rdma": with_rdma, "rdma": rdma}
+            options |= {"with_driver": with_driver}
             return self._mount_with_netdev(ref, device_refs, netdev, options)
         devices = self.inventory.resolve_all(device_refs)
         riders = companions.rdma_for(self.inventory, devices, with_rdma, rdma or ())
@@ -146,26 +162,35 @@ class Engine:
             new = [d for d in devices if d.key not in record.devices]
             already = [_mounted(d) for d in devices if d.key in record.devices]
             companions.note(record, riders)
-            if not new:
-                if riders:
+            with self._driver(container, devices, record, with_driver) as (placer, dplan):
+                if not new and dplan is None:
+                    if riders:
+                        self.ledger.save(record)
+                    return MountResult(container.as_dict(), [], already)
+                with self._fs(container) as fs:
+                    pending = self._plan(record, new, fs)
+                    adding = driver_steps.records_for(dplan, placer) if dplan else []
+                    # The plan goes on disk before the claims: another container that finds
+                    # our claim then also finds our record, and never mistakes it for stale.
+                    record.pending = PendingOp(
+                        op="mount", devices=[d.key for d in new], nodes=pending, driver=adding
+                    )
                     self.ledger.save(record)
-                return MountResult(container.as_dict(), [], already)
-            with self._fs(container) as fs:
-                pending = self._plan(record, new, fs)
-                # The plan goes on disk before the claims: another container that finds
-                # our claim then also finds our record, and never mistakes it for stale.
-                record.pending = PendingOp(op="mount", devices=[d.key for d in new], nodes=pending)
-                self.ledger.save(record)
-                created: list[NodeRecord] = []
-                group = group or container.key
-                try:
-                    joined = self._claim(new, container.key, force, group, share_with, metadata)
-                    self._apply_mount(record, pending, created, fs, alive)
-                except BaseException:
-                    for device in new:
-                        self.ledger.release(device.key, container.key)
-                    self._undo_mount(record, pending, created, fs)
-                    raise
+                    created: list[NodeRecord] = []
+                    group = group or container.key
+                    try:
+                        joined = self._claim(new, container.key, force, group, share_with, metadata)
+                        self._apply_mount(record, pending, created, fs, alive)
+                        if placer is not None:
+                            driver_steps.place_all(placer, adding)
+                            alive.check()
+                    except BaseException:
+                        for device in new:
+                            self.ledger.release(device.key, container.key)
+                        if placer is not None:
+                            driver_steps.remove_all(placer, adding)
+                        self._undo_mount(record, pending, created, fs)
+                        raise
             for node_record in pending:
                 record.nodes[node_record.path] = node_record
             for device in new:
@@ -179,10 +204,52 @@ class Engine:
                     shared_with=joined.get(device.key),
                     with_devices=riders[device.key][1] if device.key in riders else [],
                 )
+            driver = None
+            if dplan is not None:
+                record.driver += adding
+                record.driver_env = {**record.driver_env, **dplan.env}
+                driver = _driver_summary(dplan)
             record.pending = None
             self.ledger.save(record)
             log.info("mounted %s into %s", [d.key for d in new], container.key)
-            return MountResult(container.as_dict(), [_mounted(d) for d in new], already)
+            mounted = [_mounted(d) for d in new]
+            return MountResult(container.as_dict(), mounted, already, driver=driver)
+
+    @contextlib.contextmanager
+    def _driver(
+        self,
+        container: Container,
+        devices: list[Device],
+        record: ContainerRecord,
+        with_driver: bool | None,
+    ) -> Iterator[tuple[DriverPlacer | None, driver_sources.DriverPlan | None]]:
+        """The driver's files this mount adds (None: none), and a placer for them."""
+        mode = self.config.inject_driver
+        wanted = with_driver if with_driver is not None else mode != "never"
+        if not wanted or record.driver:
+            yield None, None
+            return
+        try:
+            found = driver_sources.driver_set(
+                self.host, self.config.cdi_dirs, self.config.driver_root, devices
+            )
+        except DriverUnavailable:
+            if with_driver or (with_driver is None and mode == "always"):
+                raise
+            yield None, None  # auto: nothing to bring is not an error
+            return
+        placer = DriverPlacer(f"{self._proc}/{container.init_pid}", self.host)
+        try:
+            if (
+                with_driver is None
+                and mode == "auto"
+                and not (driver_sources.container_needs_driver(placer))
+            ):
+                yield None, None
+                return
+            yield placer, driver_sources.plan_for(found, placer)
+        finally:
+            placer.close()
 
     def _claim(
         self,
@@ -305,14 +372,30 @@ class Engine:
             leaving = plan.nodes_to_remove(record, targets)
             stopped = self._check_use(container, record, targets, leaving, force)
             staying = [k for k in record.devices if k not in targets]
-            record.pending = PendingOp(op="unmount", devices=targets, nodes=leaving)
+            record.pending = PendingOp(
+                op="unmount",
+                devices=targets,
+                nodes=leaving,
+                driver=record.driver if not staying else [],
+            )
             self.ledger.save(record)
-            removed = self._apply_unmount(record, container)
+            driver_removed: list[str] = []
+            driver_detached: list[str] = []
+            removed = self._apply_unmount(record, container, (driver_removed, driver_detached))
             # Interfaces last: nodes gone and grants revoked first, no window between
             # the in-use check and the revoke.
             returned = self.netdevs.leaving(container.key, staying)
             log.info("unmounted %s from %s", targets, container.key)
-            return UnmountResult(container.as_dict(), targets, missing, stopped, removed, returned)
+            return UnmountResult(
+                container.as_dict(),
+                targets,
+                missing,
+                stopped,
+                removed,
+                returned,
+                driver_removed=driver_removed,
+                driver_detached=driver_detached,
+            )
 
     def _keys(self, record: ContainerRecord, refs: list[str] | None) -> list[str]:
         if refs is None:
@@ -349,11 +432,29 @@ class Engine:
             grace=self.config.stop_grace,
         )
 
-    def _apply_unmount(self, record: ContainerRecord, container: Container | None) -> list[str]:
-        """Roll an unmount forward: remove our nodes, revoke our grants, drop the records."""
+    def _apply_unmount(
+        self,
+        record: ContainerRecord,
+        container: Container | None,
+        driver_out: tuple[list[str], list[str]] | None = None,
+    ) -> list[str]:
+        """Roll an unmount forward: remove our nodes and driver files (reported in
+        `driver_out`: removed, detached lazily), revoke our grants, drop the records."""
         assert record.pending is not None
         leaving = record.pending.nodes
-        removed = []
+        removed: list[str] = []
+        if container is not None and record.pending.driver:
+            with self._placer(container) as placer:
+                gone_paths, lazily = driver_steps.remove_all(placer, record.pending.driver)
+            if driver_out is not None:
+                driver_out[0].extend(gone_paths)
+                driver_out[1].extend(lazily)
+            gone = {r.path for r in record.pending.driver}
+            record.driver = [r for r in record.driver if r.path not in gone]
+            if not record.driver:
+                record.driver_env = {}
+        elif container is None:
+            record.driver = []
         if container is not None:
             with self._fs(container) as fs:
                 for node_record in leaving:
@@ -388,6 +489,9 @@ class Engine:
             self._apply_unmount(record, container)
             return
         fs_cm = self._fs(container) if container is not None else contextlib.nullcontext()
+        if container is not None and record.pending.driver:
+            with self._placer(container) as placer:
+                driver_steps.remove_all(placer, record.pending.driver)
         with fs_cm as fs:
             maybe_created = [n for n in record.pending.nodes if n.created]
             for device in record.pending.devices:
@@ -513,6 +617,9 @@ class Engine:
             report.pending_finished += 1
         with self._fs(container) as fs:
             repair_drift(record, self.grants, fs, report)
+        if record.driver:
+            with self._placer(container) as placer:
+                report.recreated += driver_steps.repair(placer, record.driver)
         self.ledger.save(record)
 
     # -- helpers
@@ -560,6 +667,14 @@ class Engine:
         return record is not None and self._live(record) is not None
 
     @contextlib.contextmanager
+    def _placer(self, container: Container) -> Iterator[DriverPlacer]:
+        placer = DriverPlacer(f"{self._proc}/{container.init_pid}", self.host)
+        try:
+            yield placer
+        finally:
+            placer.close()
+
+    @contextlib.contextmanager
     def _fs(self, container: Container) -> Iterator[ContainerFs]:
         proc_dir = f"{self._proc}/{container.init_pid}"
         fs = open_container_fs(proc_dir, self.config.node_method)
@@ -573,6 +688,16 @@ def _mounted(device: Device) -> MountedDevice:
     return MountedDevice(
         device.key, str(device.kind), device.index, device.uuid, [n.path for n in device.nodes]
     )
+
+
+def _driver_summary(dplan: driver_sources.DriverPlan) -> dict[str, object]:
+    return {
+        "origin": dplan.origin,
+        "files": [f.path for f in dplan.files],
+        "env": dict(dplan.env),
+        "ignoredHooks": list(dplan.ignored_hooks),
+        "notes": list(dplan.notes),
+    }
 
 
 def _quietly(fn: object, *args: object) -> None:

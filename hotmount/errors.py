@@ -4,14 +4,16 @@
     ├── InvalidRequest            400  bad input: refused before any side effect
     │   ├── InvalidContainerRef        malformed container ID or PID
     │   ├── InvalidDeviceRef           raw major:minor, block device, malformed name
-    │   └── NotInContainer             host PID 1, or a process in the host's namespaces
+    │   ├── NotInContainer             host PID 1, or a process in the host's namespaces
+    │   └── DriverUnavailable          driver files asked for, but no CDI mounts nor driver root
     ├── NotFound                  404
     │   ├── ContainerNotFound          no such container, or it exited mid-operation
     │   └── DeviceNotFound             not in the node's inventory
     ├── Conflict                  409
     │   ├── DeviceBusy                 a container process holds the device open
     │   ├── DeviceClaimed              the same physical device is hot-mounted elsewhere
-    │   └── UnsafePath                 an existing path is not the expected device node
+    │   ├── UnsafePath                 an existing path is not the expected device node
+    │   └── DriverRefused              the driver's files cannot be placed (a read-only root)
     └── KernelError               500  a syscall failed for a reason that is not the caller's
         └── BpfError                   a bpf() command failed (verifier log attached)
 
@@ -49,6 +51,10 @@ class InvalidDeviceRef(InvalidRequest):
 
 class NotInContainer(InvalidRequest):
     reason = "NotInContainer"
+
+
+class DriverUnavailable(InvalidRequest):
+    reason = "DriverUnavailable"
 
 
 class NotFound(HotmountError):
@@ -99,6 +105,10 @@ class DeviceClaimed(Conflict):
 
 class UnsafePath(Conflict):
     reason = "UnsafePath"
+
+
+class DriverRefused(Conflict):
+    reason = "DriverRefused"
 
 
 class KernelError(HotmountError):

@@ -61,6 +61,17 @@ class NodeRecord(BaseModel):
     v1_added: bool = False  # we wrote its devices.allow line (else the runtime had it)
 
 
+class DriverFileRecord(BaseModel):
+    """One driver file added to a container (hotmount/driver/): a read-only bind mount
+    of a host file, or a symlink. `created`: we made it (else it was there: keep it)."""
+
+    path: str
+    kind: str
+    source: str
+    source_root: str = "/"
+    created: bool = True
+
+
 class DeviceRecord(BaseModel):
     key: str
     kind: str
@@ -88,6 +99,7 @@ class PendingOp(BaseModel):
     op: Literal["mount", "unmount"]
     devices: list[str]
     nodes: list[NodeRecord]  # nodes the operation creates or removes
+    driver: list[DriverFileRecord] = Field(default_factory=list)  # driver files, likewise
 
 
 class ContainerRecord(BaseModel):
@@ -101,6 +113,8 @@ class ContainerRecord(BaseModel):
     devices: dict[str, DeviceRecord] = Field(default_factory=dict)
     nodes: dict[str, NodeRecord] = Field(default_factory=dict)
     pending: PendingOp | None = None
+    driver: list[DriverFileRecord] = Field(default_factory=list)  # go with the last device
+    driver_env: dict[str, str] = Field(default_factory=dict)
 
 
 def now() -> str:
@@ -143,7 +157,7 @@ class Ledger:
 
     def save(self, record: ContainerRecord) -> None:
         path = self._record_path(record.key)
-        if not record.devices and record.pending is None and not record.nodes:
+        if not (record.devices or record.pending or record.nodes or record.driver):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return

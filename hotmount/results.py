@@ -21,6 +21,8 @@ class MountResult:
     mounted: list[MountedDevice]
     already_mounted: list[MountedDevice]
     netdevs: list[str] = field(default_factory=list)  # host interfaces moved in
+    # The driver's files added (hotmount/driver/): origin, files, env to export, notes.
+    driver: dict[str, object] | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -34,6 +36,8 @@ class UnmountResult:
     stopped_pids: list[int]
     removed_nodes: list[str]
     netdevs: list[str] = field(default_factory=list)  # host interfaces given back
+    driver_removed: list[str] = field(default_factory=list)  # driver files taken out
+    driver_detached: list[str] = field(default_factory=list)  # of those, busy: detached lazily
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -4,6 +4,10 @@
 # the engine hot-mounts GPU 0; nvidia-smi and a 256 MiB CUDA allocation (PyTorch) run
 # inside; a process inside holds the GPU, so unmount refuses (exit 3) and --force stops
 # it; after the unmount nvidia-smi fails again and a node made by hand is refused.
+# Then a second container from a plain image (busybox and glibc, no NVIDIA file at all)
+# gets GPU 0 with --with-driver --driver-root / (docs/driver.md): nvidia-smi and a
+# 256 MiB allocation through the driver API (a small C program that dlopens libcuda.so.1)
+# run inside, and are gone after the unmount. Needs gcc and busybox too.
 #
 #   sudo PYTHONPATH=$PWD bash scripts/gpu-check.sh     # python3 with torch, pydantic, pynvml
 #
@@ -107,4 +111,58 @@ $ENGINE mount --container pid:$PID --device 0 >/dev/null; echo "mount rc=$?"
 inside python3 -c "$CUDA_ALLOC"; echo "cuda alloc rc=$?"
 $ENGINE unmount --container pid:$PID --device 0 >/dev/null; echo "unmount rc=$?"
 $ENGINE status -o json
+
+step "a plain image with no NVIDIA file: the driver's files come with --with-driver"
+runc delete -f gpuplain >/dev/null 2>&1
+trap 'runc delete -f gpucheck >/dev/null 2>&1; runc delete -f gpuplain >/dev/null 2>&1' EXIT
+P=/tmp/gpuplain; rm -rf $P; mkdir -p $P/rootfs/bin $P/rootfs/tmp $P/rootfs/usr/local/bin; cd $P
+cp "$(command -v busybox)" rootfs/bin/busybox && for a in sh ls cat sleep; do ln -s busybox rootfs/bin/$a; done
+cat > cuda_alloc.c <<'CSRC'
+#include <dlfcn.h>
+#include <stdio.h>
+typedef int (*f_init)(unsigned); typedef int (*f_get)(int *, int);
+typedef int (*f_ctx)(void **, unsigned, int); typedef int (*f_alloc)(unsigned long long *, size_t);
+int main(void) {
+  void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!cuda) { printf("dlopen: %s\n", dlerror()); return 1; }
+  int dev = 0, rc; void *ctx = 0; unsigned long long ptr = 0;
+  if ((rc = ((f_init)dlsym(cuda, "cuInit"))(0))) { printf("cuInit %d\n", rc); return 1; }
+  if ((rc = ((f_get)dlsym(cuda, "cuDeviceGet"))(&dev, 0))) { printf("cuDeviceGet %d\n", rc); return 1; }
+  if ((rc = ((f_ctx)dlsym(cuda, "cuCtxCreate_v2"))(&ctx, 0, dev))) { printf("cuCtxCreate %d\n", rc); return 1; }
+  if ((rc = ((f_alloc)dlsym(cuda, "cuMemAlloc_v2"))(&ptr, 256u << 20))) { printf("cuMemAlloc %d\n", rc); return 1; }
+  printf("cuda ok: 256 MiB at 0x%llx\n", ptr); return 0;
+}
+CSRC
+gcc -O2 -o rootfs/usr/local/bin/cuda-alloc cuda_alloc.c -ldl || echo "gcc failed: no allocation check"
+# glibc where a Debian/Ubuntu image has it; no NVIDIA library comes along, only libc's own
+for lib in $(ldd rootfs/usr/local/bin/cuda-alloc | grep -o '/[^ ]*'); do
+  mkdir -p "rootfs$(dirname "$lib")"; cp -L "$lib" "rootfs$lib"
+done
+find rootfs -name 'libnvidia*' -o -name 'libcuda*' | grep . && echo "NOT PLAIN: NVIDIA files in the image"
+runc spec
+python3 - <<'PY'
+import json
+c = json.load(open("config.json"))
+c["process"]["terminal"] = False
+c["process"]["args"] = ["sleep", "100000"]
+c["process"]["env"] = ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp"]
+c["root"] = {"path": "rootfs", "readonly": False}
+c["linux"]["cgroupsPath"] = "/gpuplain"
+c["linux"].pop("seccomp", None)
+json.dump(c, open("config.json", "w"), indent=1)
+PY
+runc run -d gpuplain </dev/null >/dev/null 2>$P/run.err || { cat $P/run.err; exit 1; }
+PLAIN_PID=$(runc state gpuplain | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+plain() { runc exec gpuplain "$@"; }
+plain nvidia-smi -L; echo "before: nvidia-smi rc=$? (not found expected)"
+plain cuda-alloc; echo "before: cuda alloc rc=$? (no libcuda.so.1 expected)"
+cd $REPO
+$ENGINE mount --container pid:$PLAIN_PID --device 0 --with-driver --driver-root / > $P/mount.out
+echo "mount --with-driver rc=$?"; cat $P/mount.out
+grep '^export ' $P/mount.out > $P/env.sh
+plain sh -c ". /dev/stdin; nvidia-smi -L" < $P/env.sh; echo "after: nvidia-smi rc=$?"
+plain sh -c ". /dev/stdin; cuda-alloc" < $P/env.sh; echo "after: cuda alloc rc=$?"
+$ENGINE unmount --container pid:$PLAIN_PID --device 0 -o json; echo "unmount rc=$?"
+plain nvidia-smi -L; echo "after the unmount: nvidia-smi rc=$? (not found expected)"
+plain cuda-alloc; echo "after the unmount: cuda alloc rc=$? (no libcuda.so.1 expected)"
 echo done

@@ -71,7 +71,9 @@ class Mounting:
                 metadata = {**meta(info, container, user), **extra}
                 assert container.container_id is not None
                 with self.locks.hold(container.container_id):
-                    result = self._mount_by_count(info, container, request.count, metadata)
+                    result = self._mount_by_count(
+                        info, container, request.count, metadata, request.with_driver
+                    )
                 done = [(container, result)]
             else:
                 assert request.devices is not None
@@ -98,6 +100,7 @@ class Mounting:
                         extra,
                         rdma=rdma,
                         device_metadata={k: pin_metadata(h) for k, h in pins.items()},
+                        with_driver=request.with_driver,
                     )
                 for _, each in done:
                     for d in each.mounted + each.already_mounted:
@@ -122,13 +125,19 @@ class Mounting:
                         container_id=r.container_id,
                         mounted=r.mounted,
                         already_mounted=r.already_mounted,
+                        driver=r.driver,
                     )
                     for _, r in done
                 ]
             return first
 
     def _mount_by_count(
-        self, target: PodInfo, container: ContainerInfo, count: int, metadata: dict[str, str]
+        self,
+        target: PodInfo,
+        container: ContainerInfo,
+        count: int,
+        metadata: dict[str, str],
+        with_driver: bool | None = None,
     ) -> MountResult:
         with self.holders.new(target, count) as holder:
             keys = self.kubelet.holder_devices(target.namespace, holder.name)
@@ -143,6 +152,7 @@ class Mounting:
                 keys,
                 metadata={**metadata, "holder": holder.name, "holderUid": holder.uid},
                 group=f"{target.namespace}/{target.name}",
+                with_driver=with_driver,
             )
         result = mount_result(done, target, container)
         result.holder_pod = holder.name
@@ -160,6 +170,7 @@ class Mounting:
         extra: dict[str, str] | None = None,
         rdma: dict[str, Any] | None = None,
         device_metadata: dict[str, dict[str, str]] | None = None,
+        with_driver: bool | None = None,
     ) -> list[tuple[ContainerInfo, MountResult]]:
         """The same devices into each container, or into none: a failure rolls back the
         containers this call already mounted."""
@@ -176,6 +187,7 @@ class Mounting:
                         group=group,
                         share_with=share,
                         device_metadata=device_metadata,
+                        with_driver=with_driver,
                         **(rdma or {}),
                     )
                 done.append((container, result))
@@ -230,6 +242,8 @@ class Mounting:
                 not_mounted=result.not_mounted,
                 stopped_pids=result.stopped_pids,
                 netdevs=result.netdevs,
+                driver_removed=result.driver_removed,
+                driver_detached=result.driver_detached,
             )
             out.holder_pods_deleted = released
             if result.unmounted:
@@ -334,6 +348,7 @@ class Mounting:
                 request.devices,
                 force=request.force,
                 metadata={"container_id": container_id, **extra},
+                with_driver=request.with_driver,
                 **request.rdma_options(),
             )
         return mount_result(done, None, None)
@@ -349,4 +364,6 @@ class Mounting:
             not_mounted=done.not_mounted,
             stopped_pids=done.stopped_pids,
             netdevs=done.netdevs,
+            driver_removed=done.driver_removed,
+            driver_detached=done.driver_detached,
         )

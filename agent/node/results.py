@@ -12,7 +12,7 @@ from agent import idle
 from agent.errors import ApiError, BadRequest
 from agent.kube.client import ContainerInfo, KubeClient, PodInfo
 from agent.metrics import Metrics
-from agent.schemas import DeviceHolder, MountedDevice, MountResult
+from agent.schemas import DeviceHolder, DriverAdded, MountedDevice, MountResult
 from hotmount import results as engine_results
 from hotmount.claims import Claim
 from hotmount.devices.model import Device
@@ -66,6 +66,7 @@ def mount_result(
         mounted=convert(done.mounted),
         already_mounted=convert(done.already_mounted),
         netdevs=done.netdevs,
+        driver=DriverAdded.model_validate(done.driver) if done.driver else None,
     )
 
 

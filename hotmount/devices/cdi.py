@@ -2,8 +2,8 @@
 
 A spec names devices vendor-neutrally (`nvidia.com/gpu=0`); its
 `containerEdits.deviceNodes` say which nodes each one needs. Spec-level edits
-are shared by all of the spec's devices. Mounts, hooks and environment edits
-are outside what hot-mounting into a running container can do, and are ignored.
+are shared by all of the spec's devices. Mounts, hooks and environment edits are
+read by hotmount/driver/ when a mount brings the driver's files (docs/driver.md).
 A device that needs a block device or a node outside /dev is refused, with
 the reason kept so the caller hears why.
 """

@@ -424,3 +424,23 @@ def test_release_name_reaches_names_the_agent_checks(monkeypatch: pytest.MonkeyP
 def test_chart_files_parse():
     for path in (CHART / "Chart.yaml", CHART / "values.yaml"):
         assert load_file(path)
+
+
+def test_driver_values_reach_the_agent(monkeypatch: pytest.MonkeyPatch):
+    """Unset: the agent's own default and no volume; set: the flags, and the driver root
+    mounted read-only from the host at the path the flag names."""
+    for name in ("NODE_NAME", "POD_NAMESPACE"):
+        monkeypatch.delenv(name, raising=False)
+    plain = find(render(), "DaemonSet")
+    default = load_settings(agent_argv(plain))
+    assert (default.inject_driver, default.driver_root) == ("auto", None)
+    daemonset = find(render("driver.inject=always", "driver.root=/run/nvidia/driver"), "DaemonSet")
+    settings = load_settings(agent_argv(daemonset))
+    assert settings.inject_driver == "always"
+    assert settings.driver_root == Path("/run/nvidia/driver")
+    pod, agent = daemonset["spec"]["template"]["spec"], agent_container(daemonset)
+    volume = next(v for v in pod["volumes"] if v["name"] == "driver-root")
+    assert volume["hostPath"] == {"path": "/run/nvidia/driver", "type": "Directory"}
+    mount = next(m for m in agent["volumeMounts"] if m["name"] == "driver-root")
+    assert (mount["mountPath"], mount["readOnly"]) == ("/run/nvidia/driver", True)
+    assert not any(v["name"] == "driver-root" for v in plain["spec"]["template"]["spec"]["volumes"])

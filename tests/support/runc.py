@@ -82,6 +82,7 @@ class RuncContainer:
         args: list[str] | None = None,
         share_pid_with: RuncContainer | None = None,
         share_net_with: RuncContainer | None = None,
+        readonly_root: bool = False,
     ):
         self.mode = mode
         self.id = new_id()
@@ -92,7 +93,7 @@ class RuncContainer:
         config = json.loads((self.bundle / "config.json").read_text())
         config["process"]["terminal"] = False
         config["process"]["args"] = args or ["sleep", "100000"]
-        config["root"] = {"path": str(rootfs), "readonly": False}
+        config["root"] = {"path": str(rootfs), "readonly": readonly_root}
         if share_pid_with is not None:
             for namespace in config["linux"]["namespaces"]:
                 if namespace["type"] == "pid":

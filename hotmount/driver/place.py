@@ -1,0 +1,306 @@
+"""Put driver files into a running container and take them out, with the nodes' care.
+
+Every container path is resolved by openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+from the container's root (hotmount/devnodes.py), every host source the same way
+from its own root; missing directories are made one by one the same way. A file
+is bind-mounted onto an empty file we created with O_EXCL, through the fd that
+creation returned (hotmount/driver/mountapi.py), so a swapped path cannot redirect
+it. Anything already at a target that is not our own addition is refused, never
+overwritten; removal touches only what is still exactly ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import posixpath
+import stat
+
+from hotmount.devnodes import (
+    RESOLVE_IN_ROOT,
+    RESOLVE_NO_MAGICLINKS,
+    Openat2Fs,
+    describe,
+    openat2,
+    openat2_available,
+)
+from hotmount.driver import elf, mountapi
+from hotmount.driver.files import BIND, DriverFile, library_dirs
+from hotmount.errors import ContainerNotFound, DriverRefused, KernelError, UnsafePath
+from hotmount.hostfs import HostRoot
+
+log = logging.getLogger(__name__)
+
+_RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
+_ABSENT, _PRESENT, _MISMATCH = "absent", "present", "mismatch"
+_SONAME_BYTES = 8 << 20  # the dynamic section and its strings sit near a library's start
+_CACHE_BYTES = 16 << 20
+
+
+class HostSources:
+    """Host files, each opened inside its own root (the host's `/` or a driver root)."""
+
+    def __init__(self, host: HostRoot) -> None:
+        self.host = host
+        self._roots: dict[str, int] = {}
+
+    def close(self) -> None:
+        for fd in self._roots.values():
+            os.close(fd)
+        self._roots = {}
+
+    def open(self, file: DriverFile) -> int:
+        """An O_PATH fd of a bind's source: a regular file or a directory."""
+        root = self._roots.get(file.source_root)
+        if root is None:
+            path = self.host.path(file.source_root)
+            try:
+                root = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise DriverRefused(f"driver root {file.source_root}: {exc.strerror}") from exc
+            self._roots[file.source_root] = root
+        try:
+            fd = openat2(root, file.source, os.O_PATH | os.O_CLOEXEC, _RESOLVE)
+        except OSError as exc:
+            raise DriverRefused(f"host file {file.source}: {exc.strerror}") from exc
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            os.close(fd)
+            raise DriverRefused(f"host file {file.source} is not a regular file or directory")
+        return fd
+
+    def identity(self, file: DriverFile) -> tuple[int, int]:
+        fd = self.open(file)
+        try:
+            st = os.fstat(fd)
+            return st.st_dev, st.st_ino
+        finally:
+            os.close(fd)
+
+    def soname(self, file: DriverFile) -> str | None:
+        if ".so" not in posixpath.basename(file.path):
+            return None
+        fd = self.open(file)
+        try:
+            with open(f"/proc/self/fd/{fd}", "rb") as library:
+                return elf.soname(library.read(_SONAME_BYTES))
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+
+class DriverPlacer:
+    """One container's side: look, place, remove. Close it when done."""
+
+    def __init__(self, proc_pid_dir: str, host: HostRoot) -> None:
+        if not openat2_available():
+            raise DriverRefused("placing driver files needs openat2 (kernel 5.6+)")
+        self.fs = Openat2Fs(proc_pid_dir)
+        self.sources = HostSources(host)
+        try:
+            self.ns_fd = os.open(f"{proc_pid_dir}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            self.fs.close()
+            raise ContainerNotFound("the container's process has exited") from exc
+
+    def close(self) -> None:
+        os.close(self.ns_fd)
+        self.sources.close()
+        self.fs.close()
+
+    # -- what the container has
+    def libc_dir(self) -> str | None:
+        """The first glibc default directory that holds the container's libc.so.6."""
+        for directory in library_dirs():
+            if self._lstat(directory, "libc.so.6") is not None:
+                return directory
+        return None
+
+    def found(self, name: str) -> set[str]:
+        return {f"{d}/{name}" for d in library_dirs() if self._lstat(d, name) is not None}
+
+    def ld_cache(self) -> bytes | None:
+        """The container's /etc/ld.so.cache, read (never written, never run)."""
+        try:
+            fd = openat2(self.fs.root_fd, "/etc/ld.so.cache", os.O_RDONLY | os.O_CLOEXEC, _RESOLVE)
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            return os.read(fd, _CACHE_BYTES)
+        finally:
+            os.close(fd)
+
+    def state(self, file: DriverFile) -> str:
+        parent, name = posixpath.split(file.path)
+        dirfd = self._dir(parent, create=False)
+        if dirfd is None:
+            return _ABSENT
+        return self._state_at(dirfd, name, file)
+
+    def _state_at(self, dirfd: int, name: str, file: DriverFile) -> str:
+        try:
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return _ABSENT
+        if file.kind == BIND:
+            return _PRESENT if (st.st_dev, st.st_ino) == self.sources.identity(file) else _MISMATCH
+        if stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=dirfd) == file.source:
+            return _PRESENT
+        return _MISMATCH
+
+    def check(self, file: DriverFile) -> None:
+        """Refuse, before anything changes, a target that holds something else."""
+        if self.state(file) == _MISMATCH:
+            raise self._refusal(file)
+
+    # -- place
+    def place(self, file: DriverFile) -> bool:
+        """Add one file; False when exactly it was there already."""
+        parent, name = posixpath.split(file.path)
+        dirfd = self._dir(parent, create=True)
+        if dirfd is None:  # made, yet not there: a dangling symlink stands in its way
+            raise UnsafePath(f"{parent} in the container is not a directory; not touching it")
+        state = self._state_at(dirfd, name, file)
+        if state == _PRESENT:
+            return False
+        if state == _MISMATCH:
+            raise self._refusal(file)
+        if file.kind == BIND:
+            self._bind(dirfd, name, file)
+        else:
+            self._writable(lambda: os.symlink(file.source, name, dir_fd=dirfd), file.path)
+        return True
+
+    def _bind(self, dirfd: int, name: str, file: DriverFile) -> None:
+        source = self.sources.open(file)
+        try:
+            is_dir = stat.S_ISDIR(os.fstat(source).st_mode)
+            tree = mountapi.readonly_copy(source)
+        except OSError as exc:
+            os.close(source)
+            raise KernelError(f"copying the mount of {file.source}: {exc.strerror}") from exc
+        os.close(source)
+        try:
+            if is_dir:
+                self._writable(lambda: os.mkdir(name, 0o755, dir_fd=dirfd), file.path)
+                flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+                target = os.open(name, flags, dir_fd=dirfd)
+            else:
+                flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+                target = self._writable(
+                    lambda: os.open(name, flags, 0o644, dir_fd=dirfd), file.path
+                )
+            try:
+                mountapi.attach(self.ns_fd, tree, target)
+            except BaseException:
+                os.close(target)
+                target = -1
+                _remove_empty(dirfd, name)
+                raise
+            finally:
+                if target >= 0:
+                    os.close(target)
+        finally:
+            os.close(tree)
+
+    def _writable(self, make: object, path: str) -> int:
+        try:
+            return make()  # type: ignore[operator, no-any-return]
+        except FileExistsError:
+            raise UnsafePath(
+                f"{path} appeared in the container meanwhile; not touching it"
+            ) from None
+        except OSError as exc:
+            if exc.errno == errno.EROFS:
+                raise DriverRefused(
+                    f"the container's filesystem at {posixpath.dirname(path)} is read-only: "
+                    "its driver files cannot be added (mount the GPU without the driver, "
+                    "or start the pod with the NVIDIA runtime)"
+                ) from exc
+            raise KernelError(f"{path} in the container: {exc.strerror}") from exc
+
+    # -- remove
+    def remove(self, file: DriverFile, created: bool) -> tuple[bool, bool]:
+        """Take one addition out if it is still ours: (removed, detached lazily)."""
+        parent, name = posixpath.split(file.path)
+        dirfd = self._dir(parent, create=False)
+        if dirfd is None:
+            return False, False
+        state = self._state_at(dirfd, name, file)
+        if file.kind != BIND:
+            if state != _PRESENT or not created:
+                return False, False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=dirfd)
+            return True, False
+        detached = False
+        if state == _PRESENT:
+            detached = mountapi.detach(self.ns_fd, dirfd, name)
+        elif state == _MISMATCH and not _empty(dirfd, name):
+            log.warning("leaving %s alone: it is no longer the driver's file", file.path)
+            return False, False
+        if created:
+            _remove_empty(dirfd, name)
+        return state == _PRESENT or created, detached
+
+    # -- helpers
+    def _dir(self, path: str, create: bool) -> int | None:
+        try:
+            return self.fs.directory(path, create)
+        except OSError as exc:
+            if exc.errno == errno.EROFS:
+                raise DriverRefused(
+                    f"the container's filesystem is read-only: cannot make {path}"
+                ) from exc
+            raise KernelError(f"{path} in the container: {exc.strerror}") from exc
+
+    def _lstat(self, directory: str, name: str) -> os.stat_result | None:
+        try:
+            dirfd = self.fs.directory(directory, create=False)
+        except (UnsafePath, KernelError):
+            return None
+        if dirfd is None:
+            return None
+        try:
+            return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        except OSError:
+            return None
+
+    def _refusal(self, file: DriverFile) -> UnsafePath:
+        parent, name = posixpath.split(file.path)
+        st = self._lstat(parent, name)
+        what = describe(st) if st is not None else "something else"
+        wanted = "the driver's " + posixpath.basename(file.source)
+        if file.kind != BIND:
+            wanted = f"a symlink to {file.source}"
+        return UnsafePath(
+            f"{file.path} in the container is {what}, not {wanted}; refusing to overwrite it"
+        )
+
+
+def _empty(dirfd: int, name: str) -> bool:
+    try:
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    return (stat.S_ISREG(st.st_mode) and st.st_size == 0) or stat.S_ISDIR(st.st_mode)
+
+
+def _remove_empty(dirfd: int, name: str) -> None:
+    """Our mount point, if it is still an empty file or directory (never anything else)."""
+    try:
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    try:
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            os.unlink(name, dir_fd=dirfd)
+        elif stat.S_ISDIR(st.st_mode):
+            os.rmdir(name, dir_fd=dirfd)
+    except OSError as exc:
+        log.warning("could not remove the mount point %s: %s", name, exc.strerror)

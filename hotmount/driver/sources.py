@@ -1,0 +1,139 @@
+"""Where a mount's driver files come from (host reads only), and the container-specific
+last step: soname links where the container's linker looks, and the environment.
+
+Order of sources: the CDI spec of a CDI device (its mounts and hooks); else the
+node's driver root; else the spec-level mounts of an `nvidia.com/gpu` CDI spec
+(what `nvidia-ctk cdi generate` writes) for GPUs named by index or UUID.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from hotmount.devices import cdi
+from hotmount.devices.model import Device, DeviceKind
+from hotmount.driver import files
+from hotmount.driver.files import DriverFile, DriverSet
+from hotmount.driver.place import DriverPlacer
+from hotmount.errors import DriverUnavailable
+from hotmount.hostfs import HostRoot
+
+log = logging.getLogger(__name__)
+NVIDIA_KIND = "nvidia.com/gpu"
+
+
+@dataclass
+class DriverPlan:
+    """Everything one container gets, in placing order (binds before the links to them)."""
+
+    files: list[DriverFile]
+    env: dict[str, str]
+    origin: str
+    ignored_hooks: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def driver_set(
+    host: HostRoot, cdi_dirs: tuple[str, ...], driver_root: str | None, devices: list[Device]
+) -> DriverSet:
+    specs = _specs(host, cdi_dirs)
+    edits: list[dict[str, Any]] = []
+    origins = []
+    for device in devices:
+        if device.kind is not DeviceKind.CDI:
+            continue
+        kind, _, name = device.key.partition("=")
+        for path, spec in specs:
+            if spec.get("kind") != kind:
+                continue
+            for entry in spec.get("devices") or []:
+                if isinstance(entry, dict) and entry.get("name") == name:
+                    edits += [spec.get("containerEdits") or {}, entry.get("containerEdits") or {}]
+                    origins.append(path)
+    found = files.from_cdi_edits(edits, "CDI spec " + ", ".join(sorted(set(origins))))
+    if found.binds:
+        return found
+    if driver_root is not None:
+        return _from_root(host, driver_root)
+    gpus = [d for d in devices if d.kind in (DeviceKind.GPU, DeviceKind.MIG)]
+    for path, spec in specs if gpus else []:
+        if spec.get("kind") == NVIDIA_KIND and (spec.get("containerEdits") or {}).get("mounts"):
+            return files.from_cdi_edits([spec["containerEdits"]], f"CDI spec {path}")
+    raise DriverUnavailable(
+        "no driver files for these devices: their CDI spec has no mounts and the node "
+        "has no driver root (--driver-root)"
+    )
+
+
+def _specs(host: HostRoot, cdi_dirs: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for directory in cdi_dirs:
+        spec_dir = host.path(directory)
+        if not spec_dir.is_dir():
+            continue
+        for path in sorted(spec_dir.iterdir()):
+            if path.suffix in (".yaml", ".yml", ".json") and path.is_file():
+                try:
+                    found.append((str(path), cdi._read(path)))
+                except cdi.CdiError as exc:
+                    log.warning("ignoring CDI spec %s: %s", path, exc)
+    return found
+
+
+def _from_root(host: HostRoot, root: str) -> DriverSet:
+    base = host.path(root)
+    listing = {}
+    for directory in (*files.library_dirs(), *files.TOOL_DIRS):
+        path = base / directory.lstrip("/")
+        # A directory reached through a symlink is the same one by another name (usrmerge):
+        # its files are listed once, under their own path.
+        if path.is_dir() and not path.is_symlink():
+            listing[directory] = sorted(os.listdir(path))
+    firmware_dir = base / "lib/firmware/nvidia"
+    firmware = sorted(os.listdir(firmware_dir)) if firmware_dir.is_dir() else []
+    return files.from_driver_root(root, listing, firmware, nvml_driver_version())
+
+
+def nvml_driver_version() -> str | None:
+    """NVML's driver version where the library loads; None where it does not."""
+    try:
+        import pynvml  # optional: a node without NVML is normal
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML, an old one, or a fake without the call
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def plan_for(found: DriverSet, placer: DriverPlacer) -> DriverPlan:
+    """The container's own part: soname links into its libc directory (or the env)."""
+    libc_dir = placer.libc_dir()
+    sonames = {b.path: s for b in found.binds if (s := placer.sources.soname(b))}
+    taken = {link.path for link in found.links}
+    links = found.links + files.soname_links(found.binds, sonames, libc_dir, taken)
+    env = {**found.env, **files.library_env(found.binds, libc_dir, found.ld_folders)}
+    notes = []
+    cache = placer.ld_cache()
+    shadowed = sorted(s for s in set(sonames.values()) if cache and s.encode() + b"\0" in cache)
+    if shadowed:
+        notes.append(
+            "the container's own /etc/ld.so.cache names " + ", ".join(shadowed)
+            + ": its linker prefers those; set LD_LIBRARY_PATH to use the driver's"
+        )  # fmt: skip
+        folders = sorted({os.path.dirname(b.path) for b in found.binds if b.path in sonames})
+        env.setdefault("LD_LIBRARY_PATH", ":".join(folders))
+    if libc_dir is None:
+        notes.append("the container has no libc.so.6 in a default linker directory")
+    return DriverPlan(found.binds + links, env, found.origin, found.ignored_hooks, notes)
+
+
+def container_needs_driver(placer: DriverPlacer) -> bool:
+    """`auto`: no libcuda.so.1 where the container's linker would look."""
+    return not files.has_soname(placer.found("libcuda.so.1"), placer.ld_cache())

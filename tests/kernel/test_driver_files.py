@@ -1,0 +1,318 @@
+"""The driver's files come with the device into a running container with no NVIDIA
+files (issue 19): real runc containers, cgroup v1 and v2, a stand-in driver
+(tests/fakes/driver), through a CDI spec with mounts and hooks and through a driver
+root. The stand-in nvidia-smi runs after the mount and is gone after the unmount;
+the attacks (symlinked target directories, a different file at a target,
+ld.so.conf.d pointing at the host, a read-only root) change nothing outside."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hotmount.engine import Engine, EngineConfig
+from hotmount.errors import DriverRefused, UnsafePath
+from tests.fakes import driver as stand_in
+from tests.fakes import nvml
+from tests.kernel.conftest import STAND_IN_SPEC, engine_cli
+from tests.support.runc import RuncContainer, make_rootfs
+
+pytestmark = pytest.mark.skipif(nvml.gcc() is None, reason="gcc builds the stand-in driver")
+
+GPU = "nvidia.com/gpu=0"
+UUID = "GPU-5ca1ab1e-0000-4000-8000-000000000001"
+SMI = "FAKE_NVML_CONFIG=/etc/fake-gpus.conf exec nvidia-smi"
+LIB = stand_in.LIB_DIR
+
+
+@pytest.fixture(scope="module")
+def driver_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return stand_in.build_root(tmp_path_factory.mktemp("driver"))
+
+
+def _rootfs(base: Path) -> Path:
+    """A busybox rootfs with a glibc of its own and no NVIDIA file: a plain image."""
+    rootfs = make_rootfs(base)
+    stand_in.add_glibc(rootfs)
+    (rootfs / "etc").mkdir()
+    nvml.write_config(rootfs / "etc/fake-gpus.conf", [nvml.FakeGpu(UUID, "0000:3b:00.0", 0)])
+    return rootfs
+
+
+def _cdi_spec(driver_root: Path, hook_marker: Path) -> str:
+    options = "[ro, nosuid, nodev, bind]"
+    version = stand_in.VERSION
+    mounts = "".join(
+        f"    - {{hostPath: {driver_root}{path}, containerPath: {path}, options: {options}}}\n"
+        for path in (
+            f"{LIB}/libnvidia-ml.so.{version}",
+            f"{LIB}/libcuda.so.{version}",
+            "/usr/bin/nvidia-smi",
+        )
+    )
+    hook = hook_marker.parent / "nvidia-cdi-hook"
+    return f"""\
+cdiVersion: 0.6.0
+kind: nvidia.com/gpu
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes:
+        - {{path: /dev/nvidia0, type: c, major: 195, minor: 0}}
+containerEdits:
+  env: [NVIDIA_VISIBLE_DEVICES=void]
+  mounts:
+{mounts}  hooks:
+    - hookName: createContainer
+      path: {hook}
+      args: [nvidia-cdi-hook, create-symlinks, --link, libcuda.so.1::{LIB}/libcuda.so]
+    - hookName: createContainer
+      path: {hook}
+      args: [nvidia-cdi-hook, update-ldcache, --folder, {LIB}]
+    - hookName: createContainer
+      path: {hook}
+      args: [nvidia-cdi-hook, enable-cuda-compat, --host-driver-version={version}]
+"""
+
+
+@pytest.fixture
+def hook_marker(tmp_path: Path) -> Path:
+    """A hook program that would leave a marker if anything ran it."""
+    marker = tmp_path / "hooks" / "ran"
+    marker.parent.mkdir()
+    hook = marker.parent / "nvidia-cdi-hook"
+    hook.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    hook.chmod(0o755)
+    return marker
+
+
+@pytest.fixture(params=["cdi", "driver-root"])
+def source(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def engine(tmp_path: Path, driver_root: Path, hook_marker: Path, source: str) -> Engine:
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    if source == "cdi":
+        (cdi / "nvidia.yaml").write_text(_cdi_spec(driver_root, hook_marker))
+        root = None
+    else:
+        (cdi / "nvidia.yaml").write_text(_cdi_spec(driver_root, hook_marker).split("  env:")[0])
+        root = str(driver_root)
+    config = EngineConfig(
+        cdi_dirs=(str(cdi),), state_dir=tmp_path / "state", use_nvml=False, driver_root=root
+    )
+    return Engine(config)
+
+
+@pytest.fixture
+def run_container(tmp_path: Path, mode: str) -> Iterator:
+    made: list[RuncContainer] = []
+
+    def start(rootfs: Path, readonly: bool = False) -> RuncContainer:
+        made.append(RuncContainer(tmp_path, rootfs, mode, readonly_root=readonly))
+        return made[-1]
+
+    yield start
+    for container in made:
+        container.stop()
+
+
+def _smi(container: RuncContainer) -> tuple[int, str]:
+    result = container.exec("sh", "-c", SMI)
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_stand_in_nvidia_smi_runs_after_the_mount_and_is_gone_after_the_unmount(
+    engine: Engine, run_container, tmp_path: Path, hook_marker: Path, source: str
+) -> None:
+    rootfs = _rootfs(tmp_path / "image")
+    container = run_container(rootfs)
+    assert _smi(container)[0] != 0  # sh: nvidia-smi: not found
+
+    result = engine.mount(container.id, [GPU], with_driver=True)
+
+    code, out = _smi(container)
+    assert code == 0, out
+    assert f"GPU 0: stand-in (UUID: {UUID})" in out
+    assert (
+        result.driver is not None
+        and f"{LIB}/libnvidia-ml.so.{stand_in.VERSION}" in result.driver["files"]
+    )
+    # The linker found libnvidia-ml.so.1 through a soname link in the libc directory.
+    assert (
+        container.exec("ls", f"/lib/{stand_in.triplet()}").stdout.split().count("libnvidia-ml.so.1")
+        == 1
+    )
+    # Read-only, whatever the caller tries.
+    wrote = container.exec("sh", "-c", f"echo x > {LIB}/libcuda.so.{stand_in.VERSION}")
+    assert wrote.returncode != 0 and "Read-only" in wrote.stderr
+    assert container.open_result("/dev/nvidia0") == "ENXIO"
+    if source == "cdi":
+        assert (
+            container.exec("ls", "-l", f"{LIB}/libcuda.so").stdout.strip().endswith("libcuda.so.1")
+        )
+        assert result.driver["env"] == {"NVIDIA_VISIBLE_DEVICES": "void"}
+        assert result.driver["ignoredHooks"] == ["enable-cuda-compat"]
+    else:
+        assert (
+            container.exec("cat", f"/lib/firmware/nvidia/{stand_in.VERSION}/gsp.bin").stdout
+            == "stand-in firmware"
+        )
+    assert not hook_marker.exists()  # no hook program ever ran
+
+    gone = engine.unmount(container.id, [GPU])
+
+    assert _smi(container)[0] != 0
+    assert container.exec("ls", LIB).stdout.split() == []
+    assert "libnvidia-ml.so.1" not in container.exec("ls", f"/lib/{stand_in.triplet()}").stdout
+    assert f"{LIB}/libcuda.so.{stand_in.VERSION}" in gone.driver_removed
+    assert engine.ledger.records() == []
+    assert not (rootfs / "usr/bin/nvidia-smi").exists()
+
+
+def test_a_busy_library_is_detached_lazily_and_its_user_keeps_it(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    container = run_container(_rootfs(tmp_path / "image"))
+    engine.mount(container.id, [GPU], with_driver=True)
+    library = f"{LIB}/libnvidia-ml.so.{stand_in.VERSION}"
+    holder = container.exec_in_background("sh", "-c", f"exec 3<{library}; exec sleep 100000")
+    try:
+        for _ in range(100):
+            if _holds(container, library):
+                break
+        gone = engine.unmount(container.id, [GPU])
+        assert library in gone.driver_detached
+        assert _smi(container)[0] != 0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _holds(container: RuncContainer, path: str) -> bool:
+    out = container.exec("sh", "-c", "ls -l /proc/*/fd 2>/dev/null").stdout
+    return path in out
+
+
+def test_reconcile_puts_back_a_library_someone_unmounted(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    container = run_container(_rootfs(tmp_path / "image"))
+    engine.mount(container.id, [GPU], with_driver=True)
+    enter = ["nsenter", "-t", str(container.pid), "-m", "/bin/busybox"]
+    subprocess.run([*enter, "umount", "/usr/bin/nvidia-smi"], check=True)
+    subprocess.run([*enter, "rm", "/usr/bin/nvidia-smi"], check=True)
+    assert _smi(container)[0] != 0
+
+    report = engine.reconcile()
+
+    assert report.recreated >= 1
+    assert _smi(container)[0] == 0
+
+
+# -- attacks
+def test_symlinked_directories_and_ld_so_conf_d_stay_inside_the_container(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    rootfs = _rootfs(tmp_path / "image")
+    host_lib = tmp_path / "host-lib"  # what the container's symlinks name, on the host
+    host_ldconf = tmp_path / "host-ld.so.conf.d"
+    host_lib.mkdir()
+    host_ldconf.mkdir()
+    (rootfs / str(host_lib).lstrip("/")).mkdir(parents=True)  # the same path, inside
+    (rootfs / LIB.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    (rootfs / LIB.lstrip("/")).symlink_to(host_lib)
+    (rootfs / "etc/ld.so.conf.d").symlink_to(host_ldconf)
+    host_bin = tmp_path / "host-bin"  # exists on the host and, by that path, in the container
+    host_bin.mkdir()
+    (rootfs / str(host_bin).lstrip("/")).mkdir(parents=True)
+    (rootfs / "usr/bin").symlink_to("/../../.." + str(host_bin))
+    container = run_container(rootfs)
+
+    engine.mount(container.id, [GPU], with_driver=True)
+
+    assert list(host_lib.iterdir()) == [] and list(host_ldconf.iterdir()) == []
+    assert list(host_bin.iterdir()) == []
+    # Resolved inside the container instead, where the files work.
+    assert (rootfs / str(host_lib).lstrip("/") / f"libcuda.so.{stand_in.VERSION}").exists()
+    assert _smi(container)[0] == 0
+    engine.unmount(container.id, [GPU])
+    assert list(host_lib.iterdir()) == []
+
+
+def test_a_different_file_at_a_target_is_refused_and_nothing_changes(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    rootfs = _rootfs(tmp_path / "image")
+    (rootfs / "usr/bin").mkdir(parents=True)
+    (rootfs / "usr/bin/nvidia-smi").write_text("#!/bin/sh\necho the image's own\n")
+    container = run_container(rootfs)
+
+    with pytest.raises(UnsafePath, match="/usr/bin/nvidia-smi"):
+        engine.mount(container.id, [GPU], with_driver=True)
+
+    assert (rootfs / "usr/bin/nvidia-smi").read_text() == "#!/bin/sh\necho the image's own\n"
+    assert (
+        not (rootfs / LIB.lstrip("/")).exists() or list((rootfs / LIB.lstrip("/")).iterdir()) == []
+    )
+    assert "nvidia0" not in container.ls_dev()
+    assert engine.ledger.records() == []
+
+
+def test_a_read_only_root_is_refused_cleanly(engine: Engine, run_container, tmp_path: Path) -> None:
+    container = run_container(_rootfs(tmp_path / "image"), readonly=True)
+
+    with pytest.raises(DriverRefused, match="read-only"):
+        engine.mount(container.id, [GPU], with_driver=True)
+
+    assert "nvidia0" not in container.ls_dev()
+    assert engine.ledger.records() == [] and engine.ledger.claims() == []
+    assert _smi(container)[0] != 0
+
+
+def test_auto_injects_only_where_the_linker_finds_no_libcuda(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    auto = Engine(EngineConfig(**{**engine.config.__dict__, "inject_driver": "auto"}))
+    bare = run_container(_rootfs(tmp_path / "bare"))
+    own = _rootfs(tmp_path / "own")
+    shutil.copy(
+        next((tmp_path / "bare").glob("rootfs/lib/*/libc.so.6")),
+        own / f"lib/{stand_in.triplet()}/libcuda.so.1",
+    )
+    has_cuda = run_container(own)
+
+    assert auto.mount(bare.id, [GPU]).driver is not None
+    assert _smi(bare)[0] == 0
+    auto.unmount(bare.id)
+    assert auto.mount(has_cuda.id, [GPU]).driver is None
+    assert _smi(has_cuda)[0] != 0
+
+
+def test_the_engine_cli_mounts_with_the_driver_from_a_driver_root(
+    tmp_path: Path, driver_root: Path, run_container
+) -> None:
+    cdi = tmp_path / "cdi-plain"
+    cdi.mkdir()
+    (cdi / "gpu.yaml").write_text(STAND_IN_SPEC)
+    container = run_container(_rootfs(tmp_path / "image"))
+    args = ["--container", container.id, "--device", GPU]
+
+    mounted = engine_cli(
+        cdi, tmp_path / "state", "mount", *args, "--with-driver", "--driver-root", str(driver_root)
+    )
+
+    assert mounted.returncode == 0, mounted.stderr
+    assert "/usr/bin/nvidia-smi" in json.loads(mounted.stdout)["driver"]["files"]
+    assert _smi(container)[0] == 0
+    gone = engine_cli(cdi, tmp_path / "state", "unmount", *args)
+    assert gone.returncode == 0, gone.stderr
+    assert _smi(container)[0] != 0

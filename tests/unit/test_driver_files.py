@@ -1,0 +1,118 @@
+"""The driver's files, pure: CDI mounts and hooks read (never run), a driver root's
+files by version, soname links, and `auto`'s question (hotmount/driver/files.py, elf.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hotmount.driver import elf, files
+from hotmount.driver.files import BIND, SYMLINK, DriverFile
+from hotmount.errors import DriverUnavailable
+from tests.fakes import driver as stand_in
+from tests.fakes import nvml
+
+LIB = files.library_dirs()[1]  # /usr/lib/<triplet>
+
+
+def test_cdi_mounts_hooks_and_env_are_read_for_their_meaning() -> None:
+    edits = {
+        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+        "mounts": [
+            {
+                "hostPath": "/h/libcuda.so.1.2",
+                "containerPath": f"{LIB}/libcuda.so.1.2",
+                "options": ["ro", "bind"],
+            }
+        ],
+        "hooks": [
+            {
+                "path": "/usr/bin/nvidia-cdi-hook",
+                "args": [
+                    "nvidia-cdi-hook",
+                    "create-symlinks",
+                    "--link",
+                    f"libcuda.so.1::{LIB}/libcuda.so",
+                ],
+            },
+            {
+                "path": "/usr/bin/nvidia-cdi-hook",
+                "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", LIB],
+            },
+            {
+                "path": "/usr/bin/nvidia-ctk",
+                "args": ["nvidia-ctk", "hook", "chmod", "--mode", "755"],
+            },
+        ],
+    }
+    found = files.from_cdi_edits([edits], "spec")
+    assert found.binds == [DriverFile(f"{LIB}/libcuda.so.1.2", BIND, "/h/libcuda.so.1.2")]
+    assert found.links == [DriverFile(f"{LIB}/libcuda.so", SYMLINK, "libcuda.so.1")]
+    assert found.ld_folders == [LIB]
+    assert found.env == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert found.ignored_hooks == ["chmod"]
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["relative/x", "/proc/self/root", "/dev/nvidia0", "/sys/x", "/usr/../etc/x", "/"],
+)
+def test_container_paths_outside_the_plain_tree_are_refused(target: str) -> None:
+    mount = {"hostPath": "/h/x", "containerPath": target}
+    with pytest.raises(DriverUnavailable):
+        files.from_cdi_edits([{"mounts": [mount]}], "spec")
+
+
+def test_non_bind_mounts_and_malformed_links_are_refused() -> None:
+    with pytest.raises(DriverUnavailable, match="only bind"):
+        files.from_cdi_edits(
+            [{"mounts": [{"hostPath": "/h", "containerPath": "/x", "type": "tmpfs"}]}], "s"
+        )
+    hook = {"args": ["nvidia-cdi-hook", "create-symlinks", "--link", "/no-separator"]}
+    with pytest.raises(DriverUnavailable, match="target::link"):
+        files.from_cdi_edits([{"hooks": [hook]}], "s")
+
+
+def test_driver_root_files_by_the_version_nvml_reports_or_the_file_names() -> None:
+    listing = {
+        LIB: ["libcuda.so.550.1", "libcuda.so.1", "libnvidia-ml.so.550.1", "libnvidia-ml.so.535.2"],
+        "/usr/bin": ["nvidia-smi", "ls"],
+    }
+    found = files.from_driver_root("/run/nvidia/driver", listing, ["550.1"], "550.1")
+    assert [f.path for f in found.binds] == [
+        f"{LIB}/libcuda.so.550.1", f"{LIB}/libnvidia-ml.so.550.1", "/usr/bin/nvidia-smi",
+        "/lib/firmware/nvidia/550.1",
+    ]  # fmt: skip
+    assert {f.source_root for f in found.binds} == {"/run/nvidia/driver"}
+    with pytest.raises(DriverUnavailable, match="several driver versions"):
+        files.from_driver_root("/", listing, [], None)
+    only = {LIB: ["libnvidia-ml.so.535.2"]}
+    assert files.from_driver_root("/", only, [], None).origin.endswith("(version 535.2)")
+
+
+def test_soname_links_go_where_the_containers_libc_is_or_else_the_env_says() -> None:
+    binds = [DriverFile(f"{LIB}/libcuda.so.9.1", BIND, "/h")]
+    sonames = {f"{LIB}/libcuda.so.9.1": "libcuda.so.1"}
+    links = files.soname_links(binds, sonames, "/lib64", set())
+    assert links == [DriverFile("/lib64/libcuda.so.1", SYMLINK, f"{LIB}/libcuda.so.9.1")]
+    beside = files.soname_links(binds, sonames, None, set())
+    assert beside == [DriverFile(f"{LIB}/libcuda.so.1", SYMLINK, "libcuda.so.9.1")]
+    assert files.library_env(binds, None, []) == {"LD_LIBRARY_PATH": LIB}
+    assert files.library_env(binds, "/lib64", []) == {}
+
+
+def test_auto_looks_in_the_default_directories_and_the_containers_own_cache() -> None:
+    assert files.has_soname({f"{LIB}/libcuda.so.1"}, None)
+    assert files.has_soname(set(), b"glibc-ld.so.cache1.1\0libcuda.so.1\0/x\0")
+    assert not files.has_soname(set(), b"libcuda.so.10\0")
+    assert not files.has_soname(set(), None)
+
+
+@pytest.mark.skipif(nvml.gcc() is None, reason="gcc builds the stand-in libraries")
+def test_the_soname_is_read_from_a_real_library(tmp_path: Path) -> None:
+    root = stand_in.build_root(tmp_path / "driver")
+    library = root / stand_in.LIB_DIR.lstrip("/") / f"libnvidia-ml.so.{stand_in.VERSION}"
+    assert elf.soname(library.read_bytes()) == "libnvidia-ml.so.1"
+    assert elf.soname((root / "usr/bin/nvidia-smi").read_bytes()) is None
+    assert elf.soname(b"not an ELF file") is None
