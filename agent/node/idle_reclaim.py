@@ -19,7 +19,7 @@ from agent.metrics import Metrics
 from agent.node.holders import HolderPods
 from agent.node.idle_state import IdleState
 from agent.node.locks import ContainerLocks
-from agent.node.results import clock_key, device_label, record_event
+from agent.node.results import clock_key, device_label
 from agent.schemas import MountRequest
 from hotmount import engine as eng
 from hotmount import usage
@@ -251,7 +251,7 @@ class IdleReclaim:
         )
         self.metrics.idle_warnings.inc()
         log.info("%s", message)
-        self._pod_event(entry, "GPUIdleSoon", message)
+        self._pod_event(entry, "GPUIdleSoon", message, warning=True)
 
     def _reclaim(self, look: _Look) -> bool:
         """Unmount one idle device under the container's lock (under `unused`, stopping
@@ -327,7 +327,9 @@ class IdleReclaim:
         seen = self._sampler.sample([device.uuid]).get(device.uuid)
         return seen is not None and seen.judged and seen.busy_for(pids)
 
-    def _pod_event(self, entry: DeviceRecord, reason: str, message: str) -> None:
+    def _pod_event(
+        self, entry: DeviceRecord, reason: str, message: str, warning: bool = False
+    ) -> None:
         namespace, pod_name = entry.metadata.get("namespace"), entry.metadata.get("pod")
         if not (namespace and pod_name and self.kube is not None):
             return
@@ -336,7 +338,7 @@ class IdleReclaim:
         except ApiError:
             return
         if pod is not None:
-            record_event(self.kube, pod, reason, message)
+            self.kube.record_event(pod, reason, message, warning=warning)
 
     def _device_text(self, key: str) -> str:
         device = self.engine.inventory.get(key)
