@@ -102,15 +102,6 @@ def choose_timeout(
     return parse_duration(default) if default else None
 
 
-def should_reclaim(
-    timeout: float | None, idle_since: float | None, now: float, holders: int
-) -> bool:
-    """Reclaim only a GPU with a timeout, held by nobody now, seen idle for that long."""
-    if timeout is None or holders > 0 or idle_since is None:
-        return False
-    return now - idle_since >= timeout
-
-
 def choose_policy(requested: str | None, annotations: dict[str, str], default: str) -> str:
     """The request's `idlePolicy`, else the pod's annotation, else the node's default.
 
@@ -145,6 +136,16 @@ def reclaim_at(timeout: float, since: float, warned_at: float | None) -> float:
     lead after its warning (a warning given late, after a restart, still gives it)."""
     due = since + timeout
     return due if warned_at is None else max(due, warned_at + warn_lead(timeout))
+
+
+def should_reclaim(
+    timeout: float | None, since: float | None, warned_at: float | None, now: float
+) -> bool:
+    """Reclaim only a GPU with a timeout, idle now (`since` set), warned, and due
+    (`reclaim_at`): never one in use, never one not warned first."""
+    if timeout is None or since is None or warned_at is None:
+        return False
+    return now >= reclaim_at(timeout, since, warned_at)
 
 
 def should_warn(

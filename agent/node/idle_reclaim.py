@@ -136,12 +136,7 @@ class IdleReclaim:
             if idle.should_warn(timeout, since, warned, now):
                 self._idle.warn(key, now)
                 warn.append(look)
-            elif (
-                timeout is not None
-                and since is not None
-                and warned is not None
-                and now >= idle.reclaim_at(timeout, since, warned)
-            ):
+            elif idle.should_reclaim(timeout, since, warned, now):
                 due.append(look)
         self._idle.retain(looks)
         for gone in set(self._utilization) - set(looks):

@@ -97,20 +97,22 @@ def test_a_stored_timeout_that_cannot_be_read_never_reclaims(
 
 
 @pytest.mark.parametrize(
-    ("timeout", "since", "now", "holders", "reclaim"),
+    ("timeout", "since", "warned", "now", "reclaim"),
     [
-        (60, 0, 60, 0, True),  # exactly the timeout
-        (60, 0, 59.9, 0, False),  # not before
-        (60, 0, 10_000, 1, False),  # never while anyone holds it
-        (None, 0, 10_000, 0, False),  # no timeout: never
-        (60, None, 10_000, 0, False),  # never seen idle
+        (1800, 0, 1620, 1800, True),  # warned at its lead, due at the timeout
+        (1800, 0, 1620, 1799.9, False),  # not before
+        (1800, None, 1620, 10_000, False),  # never while in use (the clock reset)
+        (None, 0, 1620, 10_000, False),  # no timeout: never
+        (1800, 0, None, 10_000, False),  # never without a warning first
+        (1800, 0, 5000, 5179, False),  # warned late (a restart): the full lead still given
+        (1800, 0, 5000, 5180, True),
     ],
-    ids=["at-timeout", "before", "held", "no-timeout", "not-seen-idle"],
+    ids=["at-timeout", "before", "in-use", "no-timeout", "not-warned", "late-warning", "lead"],
 )
 def test_the_decision(
-    timeout: float | None, since: float | None, now: float, holders: int, reclaim: bool
+    timeout: float | None, since: float | None, warned: float | None, now: float, reclaim: bool
 ) -> None:
-    assert should_reclaim(timeout, since, now, holders) is reclaim
+    assert should_reclaim(timeout, since, warned, now) is reclaim
 
 
 def test_the_clock_starts_at_the_first_unheld_look_and_a_holder_resets_it() -> None:
