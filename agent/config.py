@@ -97,6 +97,15 @@ class AgentSettings(BaseSettings):
         ),
         json_schema_extra={"metavar": "DURATION"},
     )
+    # Issue 20: what idle means, when neither the mount nor hotmount.io/idle-policy says.
+    idle_policy: Literal["unheld", "unused"] = Field(
+        default="unheld",
+        description=(
+            "unheld: idle while no process holds the GPU open; unused: idle while NVML "
+            "shows no SM or memory activity, even if held (its holders are stopped)"
+        ),
+        json_schema_extra={"metavar": "POLICY"},
+    )
 
     node_name: str | None = Field(
         default=None,

@@ -1,15 +1,25 @@
-"""Idle reclaim's pure logic: durations, the idle clock, and the decision to reclaim.
+"""Idle reclaim's pure logic: durations, policies, the idle clock, the warning and the
+decision to reclaim.
 
-A hot-mounted GPU is idle while no process in its container holds its device node
-open (nor shows in NVML's process list). The reconciler looks every pass; this module
-decides, with no I/O, so the rules are tested exactly:
+A hot-mounted GPU is idle, under the mount's policy, while
+- `unheld` (the default): no process in its container holds its device node open (nor
+  shows in NVML's process list);
+- `unused`: NVML shows neither SM nor memory-copy activity, even while processes hold
+  it (a notebook kernel that ran one CUDA cell holds /dev/nvidia0 until it exits).
+  A GPU NVML cannot sample (a MIG instance on most drivers) falls back to `unheld`.
+
+The reconciler looks every pass; this module decides, with no I/O, so the rules are
+tested exactly:
 
 - the clock is conservative: a mount's idle time starts at the first look that found
-  it unheld (the look's time taken *after* the scan), never earlier, and any holder
-  resets it. It lives in memory only, so an agent restart starts every clock again:
-  a restart can make a GPU look idle for less time than it was, never for more;
-- a GPU is reclaimed only when it has a timeout, nothing holds it now, and it has been
-  seen idle for at least that long.
+  it idle (the look's time taken *after* the scan), never earlier, and any use resets
+  it. It is kept beside the ledger (agent/node/idle_state.py), so an agent restart
+  never shortens it;
+- a warning comes first: `warn_lead(timeout)` before the reclaim (a tenth of the
+  timeout, at least a minute, at most the timeout), and the reclaim never comes sooner
+  than that lead after the warning, even when a restart found the clock already due;
+- a GPU is reclaimed only when it has a timeout, is idle now, has been idle that long,
+  and was warned long enough before.
 """
 
 from __future__ import annotations
@@ -20,6 +30,11 @@ from collections.abc import Hashable, Iterable
 TIMEOUT_KEY = "idleTimeout"  # ledger metadata: the mount's idle timeout, in seconds
 MOUNT_ID_KEY = "mountId"  # ledger metadata: one mount, the key of its idle clock
 ANNOTATION = "hotmount.io/idle-timeout"
+POLICY_KEY = "idlePolicy"  # ledger metadata: `unheld` or `unused`
+POLICY_ANNOTATION = "hotmount.io/idle-policy"
+UNHELD, UNUSED = "unheld", "unused"
+POLICIES = (UNHELD, UNUSED)
+MIN_WARN_LEAD = 60.0  # seconds: the shortest warning before a reclaim (unless the timeout is)
 MAX_SECONDS = 366 * 86400
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -87,24 +102,72 @@ def choose_timeout(
     return parse_duration(default) if default else None
 
 
+def choose_policy(requested: str | None, annotations: dict[str, str], default: str) -> str:
+    """The request's `idlePolicy`, else the pod's annotation, else the node's default.
+
+    A bad annotation raises ValueError naming it (the request was validated already)."""
+    if requested:
+        return requested
+    annotated = annotations.get(POLICY_ANNOTATION)
+    if annotated is not None:
+        value = annotated.strip()
+        if value not in POLICIES:
+            raise ValueError(
+                f"pod annotation {POLICY_ANNOTATION}: {annotated!r} is not an idle policy: "
+                f"write {UNHELD} or {UNUSED}"
+            )
+        return value
+    return default
+
+
+def policy_of(metadata: dict[str, str]) -> str:
+    """A mount's policy from its ledger metadata; mounts from before policies are `unheld`."""
+    return UNUSED if metadata.get(POLICY_KEY) == UNUSED else UNHELD
+
+
+def warn_lead(timeout: float) -> float:
+    """How long before the reclaim the warning comes: a tenth of the timeout, at least a
+    minute, never more than the timeout itself (a 30s timeout warns at its start)."""
+    return min(timeout, max(MIN_WARN_LEAD, timeout / 10))
+
+
+def reclaim_at(timeout: float, since: float, warned_at: float | None) -> float:
+    """When a mount idle since `since` is due: at the timeout, but never sooner than the
+    lead after its warning (a warning given late, after a restart, still gives it)."""
+    due = since + timeout
+    return due if warned_at is None else max(due, warned_at + warn_lead(timeout))
+
+
 def should_reclaim(
-    timeout: float | None, idle_since: float | None, now: float, holders: int
+    timeout: float | None, since: float | None, warned_at: float | None, now: float
 ) -> bool:
-    """Reclaim only a GPU with a timeout, held by nobody now, seen idle for that long."""
-    if timeout is None or holders > 0 or idle_since is None:
+    """Reclaim only a GPU with a timeout, idle now (`since` set), warned, and due
+    (`reclaim_at`): never one in use, never one not warned first."""
+    if timeout is None or since is None or warned_at is None:
         return False
-    return now - idle_since >= timeout
+    return now >= reclaim_at(timeout, since, warned_at)
+
+
+def should_warn(
+    timeout: float | None, since: float | None, warned_at: float | None, now: float
+) -> bool:
+    """Warn once, `warn_lead` before the timeout, while idle."""
+    if timeout is None or since is None or warned_at is not None:
+        return False
+    return now >= since + timeout - warn_lead(timeout)
 
 
 class IdleClock:
-    """When each mount was first seen unheld (monotonic seconds), in memory only.
+    """When each mount was first seen idle, and when it was warned (wall-clock seconds:
+    they are kept across agent restarts by agent/node/idle_state.py).
 
     Keys name one mount (container, device, mount ID): a GPU unmounted and mounted
     again starts a new clock.
     """
 
     def __init__(self) -> None:
-        self._since: dict[Hashable, float | None] = {}  # None: held at the last look
+        self._since: dict[Hashable, float | None] = {}  # None: used at the last look
+        self._warned: dict[Hashable, float] = {}
 
     def observe(self, key: Hashable, holders: int, now: float) -> float | None:
         """Record one look; returns since when the mount has been idle (None: held).
@@ -113,6 +176,7 @@ class IdleClock:
         go during the scan then counts as idle from the end of it, not before."""
         if holders > 0:
             self._since[key] = None
+            self._warned.pop(key, None)  # any use resets the clock and its warning
             return None
         since = self._since.get(key)
         if since is None:
@@ -126,10 +190,34 @@ class IdleClock:
         since = self._since[key]
         return 0.0 if since is None else max(0.0, now - since)
 
+    def since(self, key: Hashable) -> float | None:
+        return self._since.get(key)
+
+    def warned_at(self, key: Hashable) -> float | None:
+        return self._warned.get(key)
+
+    def warn(self, key: Hashable, now: float) -> None:
+        self._warned[key] = now
+
     def forget(self, key: Hashable) -> None:
         self._since.pop(key, None)
+        self._warned.pop(key, None)
 
     def retain(self, keys: Iterable[Hashable]) -> None:
         """Drop the clocks of mounts that are gone."""
         keep = set(keys)
         self._since = {k: v for k, v in self._since.items() if k in keep}
+        self._warned = {k: v for k, v in self._warned.items() if k in keep}
+
+    def restore(
+        self, key: Hashable, since: float | None, warned_at: float | None, now: float
+    ) -> None:
+        """A clock kept from before a restart. A time in the future (the wall clock went
+        back) is taken as now: idle for less, never for more."""
+        self._since[key] = None if since is None else min(since, now)
+        if since is not None and warned_at is not None:
+            self._warned[key] = min(warned_at, now)
+
+    def items(self) -> list[tuple[Hashable, float | None, float | None]]:
+        """(key, since, warned_at) for every clock, for keeping beside the ledger."""
+        return [(k, v, self._warned.get(k)) for k, v in self._since.items()]

@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 MOUNT_LABELS = ("node", "gpu_uuid", "device", "namespace", "pod", "container")
+UTILIZATION_LABELS = ("node", "gpu_uuid", "namespace", "pod")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class MountSample:
     pod: str
     container: str
     idle_seconds: float | None  # None: the reconciler has not looked yet
+    # Issue 20: from the reconciler's NVML samples (`unused` mounts), and once warned.
+    utilization: float | None = None  # 0..1; None: not sampled
+    reclaim_in: float | None = None  # seconds until the reclaim; None: not warned
 
 
 class _MountCollector(Collector):
@@ -54,7 +58,8 @@ class _MountCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         info, idle = self._families()
-        for sample in self.source():
+        samples = self.source()
+        for sample in samples:
             labels = [
                 self.node,
                 sample.gpu_uuid,
@@ -68,6 +73,36 @@ class _MountCollector(Collector):
                 idle.add_metric(labels, sample.idle_seconds)
         yield info
         yield idle
+        yield from self._activity_families(samples)
+
+    def _activity_families(self, samples: list[MountSample]) -> Iterator[GaugeMetricFamily]:
+        """Issue 20: per-pod GPU use from the reconciler's samples (one series per pod and
+        GPU, the highest when several of its containers share one), and the warned mounts."""
+        utilization = GaugeMetricFamily(
+            "hotmount_gpu_utilization_ratio",
+            "GPU utilization (0..1) of the pod's processes on the hot-mounted GPU, from the "
+            "NVML samples the idle policy `unused` reads",
+            labels=UTILIZATION_LABELS,
+        )
+        warned = GaugeMetricFamily(
+            "hotmount_gpu_reclaim_in_seconds",
+            "Seconds until an idle hot-mounted GPU is reclaimed, once warned (GPUIdleSoon)",
+            labels=MOUNT_LABELS,
+        )
+        per_pod: dict[tuple[str, ...], float] = {}
+        for sample in samples:
+            if sample.utilization is not None:
+                key = (self.node, sample.gpu_uuid, sample.namespace, sample.pod)
+                per_pod[key] = max(per_pod.get(key, 0.0), sample.utilization)
+            if sample.reclaim_in is not None:
+                labels = [self.node, sample.gpu_uuid, sample.device]
+                warned.add_metric(
+                    [*labels, sample.namespace, sample.pod, sample.container], sample.reclaim_in
+                )
+        for key, value in per_pod.items():
+            utilization.add_metric(list(key), value)
+        yield utilization
+        yield warned
 
 
 class Metrics:
@@ -134,6 +169,11 @@ class Metrics:
         self.double_bookings_taken_back = Counter(
             "hotmount_gpu_double_bookings_taken_back_total",
             "Double-booked hot-mounts reconcile took back (--on-double-booking=take-back)",
+            registry=self.registry,
+        )
+        self.idle_warnings = Counter(
+            "hotmount_gpu_idle_warnings_total",
+            "GPUIdleSoon warnings: hot-mounted GPUs about to be reclaimed unless used",
             registry=self.registry,
         )
         self.reconciles = Counter(

@@ -151,6 +151,9 @@ class DeviceInfo(Model):
     # not known here, as with `nvcli --local`). docs/api.md, "Accounting".
     management: str | None = None
     mig: MigInfo | None = None  # a MIG instance's IDs, profile and memory
+    # Seconds its hot-mount has been idle, as the reconciler last saw (the least of them
+    # when several containers share it); None: not hot-mounted, or not looked at yet.
+    idle_seconds: int | None = None
 
     @classmethod
     def of(
@@ -227,6 +230,8 @@ class MountRequest(Request):
     with_netdev: bool | None = None
     netdev: NetdevRequest | None = None
     idle_timeout: Duration | None = None
+    # `unheld` or `unused` (agent/idle.py); else hotmount.io/idle-policy, else --idle-policy.
+    idle_policy: Literal["unheld", "unused"] | None = None
     # This mount only: not mounted again into a container that replaces this one after a
     # restart (agent/node/remounts.py). None by default, for older agents.
     once: bool | None = None
@@ -292,6 +297,11 @@ class MountedDevice(Model):
     idle_timeout: str | None = None  # reclaimed after this long unheld (None: never)
     # Seconds no process has held it, as the reconciler last saw (0: held; None: not yet seen).
     idle_seconds: int | None = None
+    idle_policy: str | None = None  # unheld or unused; None from an older agent
+    # Seconds until the reclaim once warned (GPUIdleSoon); None: not warned.
+    reclaim_in_seconds: int | None = None
+    # Why `unused` fell back to `unheld` for this GPU (NVML cannot sample it).
+    idle_policy_note: str | None = None
     pin: str | None = None  # the pin pod that keeps it in the scheduler's books
     holder: str | None = None  # the holder pod of a mount by count (its books)
     mounted_at: str | None = None  # ISO 8601, UTC: when it was hot-mounted

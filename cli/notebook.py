@@ -9,6 +9,10 @@
     %gpu status                 what this pod has, and how long each GPU has been idle
     %gpu list                   the GPUs free on the node
 
+After each cell the extension asks the agent (2s at most, silent on error) whether a GPU
+of this pod was warned before an idle reclaim, and prints it once per warning:
+`%gpu: GPU 0 will be reclaimed in 4m unless used`.
+
 The same as Python calls, for platforms: `attach()`, `detach()`, `status()`,
 `list_gpus()` return the agent's models; `run(line)` returns the magic's message.
 
@@ -383,7 +387,14 @@ def _idle_text(device: Any) -> str:
     else:
         idle = f"idle {format_duration(device.idle_seconds)}"
     timeout = device.idle_timeout
-    return f"{idle}, " + (f"given back after {timeout} idle" if timeout else "kept until detached")
+    text = f"{idle}, " + (f"given back after {timeout} idle" if timeout else "kept until detached")
+    if device.reclaim_in_seconds is not None:  # warned (GPUIdleSoon)
+        from cli.output import reclaim_text
+
+        text += f"; {reclaim_text(device.reclaim_in_seconds)}"
+    if device.idle_policy_note:
+        text += f" ({device.idle_policy_note})"
+    return text
 
 
 def list_message(listing: DeviceList) -> str:
@@ -477,11 +488,112 @@ def magic(line: str, config: Config | None = None, stdout: Any = None, stderr: A
     return True
 
 
+# -- the reclaim warning after a cell ---------------------------------------------------------
+
+
+@dataclass
+class ReclaimWarnings:
+    """Says once per warning, after the next cell, that a GPU of this pod will be reclaimed.
+
+    The agent warns (`GPUIdleSoon`) before an idle GPU is reclaimed; a notebook user
+    reads neither Events nor `nvcli status`. IPython's `post_run_cell` calls this after
+    every cell, in the kernel's own thread (no background thread): it asks the agent for
+    this pod's status with a short timeout and prints nothing on any error. After an
+    error it stays quiet for `backoff` seconds, so a kernel whose agent is unreachable
+    (or that is not in a pod) pays no more than one short call a minute.
+
+    One warning is one mount (container, GPU, mountedAt) until the reclaim it announces
+    moves later (the GPU was used, the clock reset, and it was warned again) or the
+    warning goes away.
+    """
+
+    config: Config | None = None
+    timeout: float = 2.0
+    backoff: float = 60.0
+    stream: Any = None
+    _shown: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    _quiet_until: float = 0.0
+
+    SLACK = 5.0  # seconds: the same warning's deadline, seen twice, moves by less
+
+    def __call__(self, *_: Any) -> None:
+        import time
+
+        now = time.monotonic()
+        if now < self._quiet_until:
+            return
+        try:
+            devices = self._warned(now)
+        except Exception:  # never a traceback under the user's cell
+            self._quiet_until = time.monotonic() + self.backoff
+            return
+        lines = []
+        for key, gpu, seconds, deadline in devices:
+            shown = self._shown.get(key)
+            if shown is None or deadline > shown + self.SLACK:
+                lines.append(f"%gpu: {gpu} will be {_reclaim_text(seconds)}")
+            self._shown[key] = deadline if shown is None else max(shown, deadline)
+        for key in set(self._shown) - {d[0] for d in devices}:
+            del self._shown[key]  # no longer warned: a new warning is said again
+        if lines:
+            print("\n".join(lines), file=self.stream or sys.stderr)
+
+    def _warned(self, now: float) -> list[tuple[tuple[str, str, str], str, int, float]]:
+        """(identity, `GPU 0`, seconds left, monotonic deadline) per warned mount."""
+        from cli.client import HotmountClient
+
+        config = self.config or Config.from_env()
+        verify: str | bool = str(config.ca_file) if config.ca_file else True
+        with HotmountClient.for_agent(
+            config.agent, config.token(), verify=verify, timeout=self.timeout
+        ) as client:
+            result = client.status(config.namespace, config.pod)
+        return [
+            (
+                (c.container_id, d.key, d.mounted_at or ""),
+                f"GPU {d.index}" if d.index is not None else d.key,
+                d.reclaim_in_seconds,
+                now + d.reclaim_in_seconds,
+            )
+            for c in result.containers
+            for d in c.devices
+            if d.reclaim_in_seconds is not None
+        ]
+
+
+def _reclaim_text(seconds: int) -> str:
+    from cli.output import reclaim_text
+
+    return reclaim_text(seconds)
+
+
 def load_ipython_extension(ipython: Any) -> None:
-    """`%load_ext cli.notebook`."""
+    """`%load_ext cli.notebook`: the `%gpu` magic, and the reclaim warning after each cell."""
 
     def gpu(line: str) -> None:
         magic(line)
 
     gpu.__doc__ = __doc__
     ipython.register_magic_function(gpu, magic_kind="line", magic_name="gpu")
+    global _warnings
+    if _warnings is not None:  # %reload_ext: one hook, not two
+        _unregister(ipython, _warnings)
+    _warnings = ReclaimWarnings()
+    ipython.events.register("post_run_cell", _warnings)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    global _warnings
+    if _warnings is not None:
+        _unregister(ipython, _warnings)
+        _warnings = None
+
+
+def _unregister(ipython: Any, hook: ReclaimWarnings) -> None:
+    import contextlib
+
+    with contextlib.suppress(ValueError):  # registered with another shell
+        ipython.events.unregister("post_run_cell", hook)
+
+
+_warnings: ReclaimWarnings | None = None

@@ -210,7 +210,34 @@ def status_table(doc: Mapping[str, Any]) -> str:
         "PIN",
         "IDLE/TIMEOUT",
     ]
-    return columns(headers, rows)
+    return "\n".join([columns(headers, rows), *idle_notes(doc)])
+
+
+def idle_notes(doc: Mapping[str, Any]) -> list[str]:
+    """One line under the table per warned mount (`GPUIdleSoon`), and per mount whose
+    `unused` policy fell back to `unheld` (issue 20)."""
+    notes = []
+    for c in doc.get("containers") or []:
+        container = _container(c.get("container"), c.get("containerId") or "")
+        for d in c.get("devices") or []:
+            gpu = f"GPU {d['index']}" if d.get("index") is not None else d.get("key")
+            if d.get("reclaimInSeconds") is not None:
+                when = reclaim_text(d["reclaimInSeconds"])
+                notes.append(f"{gpu} in {container}: {when}")
+            if d.get("idlePolicyNote"):
+                notes.append(f"{gpu} in {container}: {d['idlePolicyNote']}")
+    return notes
+
+
+def reclaim_text(seconds: int) -> str:
+    """`reclaimed in 4m unless used` (a warned mount; `now` once due). A minute or more is
+    rounded up to whole minutes: people read `4m`, not `3m59s`."""
+    from agent.idle import format_duration
+
+    if seconds >= 60:
+        seconds = -(-seconds // 60) * 60
+    when = f"in {format_duration(seconds)}" if seconds > 0 else "now"
+    return f"reclaimed {when} unless used"
 
 
 def idle_text(seconds: int | None, timeout: str | None) -> str:

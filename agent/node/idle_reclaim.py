@@ -1,12 +1,14 @@
-"""Idle reclaim: the idle clock of every hot-mounted GPU, and taking back the GPUs
-unheld for their idle timeout. The pure rules (timeouts, when to reclaim) are
-agent/idle.py's; here are the looks at the containers' processes and the unmounts."""
+"""Idle reclaim: the idle clock of every hot-mounted GPU, the warning, and taking back
+the GPUs idle for their timeout. The pure rules (policies, timeouts, when to warn and
+reclaim) are agent/idle.py's; here are the looks (the containers' processes, NVML's
+utilization, once per pass for all GPUs), the Events and the unmounts."""
 
 from __future__ import annotations
 
 import logging
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agent import idle
@@ -15,16 +17,29 @@ from agent.errors import ApiError, BadRequest
 from agent.kube.client import KubeClient
 from agent.metrics import Metrics
 from agent.node.holders import HolderPods
+from agent.node.idle_state import IdleState
 from agent.node.locks import ContainerLocks
-from agent.node.results import clock_key, device_label, record_event
+from agent.node.results import clock_key, device_label
 from agent.schemas import MountRequest
 from hotmount import engine as eng
 from hotmount import usage
+from hotmount.activity import ActivitySampler, GpuActivity
 from hotmount.devices.rdma import RDMA_NODE_DIR, is_rdma
 from hotmount.errors import DeviceBusy, HotmountError
 from hotmount.ledger import ContainerRecord, DeviceRecord
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Look:
+    """One mount as this pass found it."""
+
+    record: ContainerRecord
+    entry: DeviceRecord
+    key: tuple[str, str, str]
+    since: float | None  # idle since (wall clock); None: in use
+    now: float
 
 
 @dataclass(frozen=True)
@@ -35,39 +50,69 @@ class IdleReclaim:
     metrics: Metrics
     locks: ContainerLocks
     holders: HolderPods
-    # When each mount was first seen unheld.
+    # When each mount was first seen idle, and warned; kept beside the ledger.
     _idle: idle.IdleClock = field(default_factory=idle.IdleClock, init=False, repr=False)
+    _sampler: ActivitySampler = field(default_factory=ActivitySampler, init=False, repr=False)
+    # Per clock key, from the last pass: the container's GPU utilization (0..1), and why
+    # `unused` fell back to `unheld`.
+    _utilization: dict[tuple[str, str, str], float] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _notes: dict[tuple[str, str, str], str] = field(default_factory=dict, init=False, repr=False)
+    _loaded: list[IdleState] = field(default_factory=list, init=False, repr=False)
 
     def idle_meta(self, request: MountRequest, annotations: dict[str, str]) -> dict[str, str]:
         """Ledger metadata for idle reclaim: a fresh mount ID (its idle clock's key: a GPU
-        unmounted and mounted again within a second must not inherit the old clock), and
-        the idle timeout in seconds, if any: the request's, else the pod's annotation,
-        else the node's default."""
+        unmounted and mounted again within a second must not inherit the old clock), the
+        idle timeout in seconds, if any (the request's, else the pod's annotation, else
+        the node's default), and the idle policy (chosen the same way)."""
         try:
             timeout = idle.choose_timeout(
                 request.idle_timeout, annotations, self.settings.idle_timeout
             )
+            policy = idle.choose_policy(request.idle_policy, annotations, self.settings.idle_policy)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
-        meta = {idle.MOUNT_ID_KEY: secrets.token_hex(6)}
+        meta = {idle.MOUNT_ID_KEY: secrets.token_hex(6), idle.POLICY_KEY: policy}
         if timeout is not None:
             meta[idle.TIMEOUT_KEY] = f"{timeout:g}"
         return meta
 
     def idle_for(self, owner: str, entry: DeviceRecord, now: float) -> float | None:
-        """How long the mount has been seen unheld (None: held, or not looked at yet)."""
+        """How long the mount has been seen idle (0: in use; None: not looked at yet)."""
+        self._state()
         return self._idle.idle_for(clock_key(owner, entry), now)
 
-    def reclaim_idle(self) -> list[str]:
-        """Look at every hot-mounted GPU; unmount those unheld for their idle timeout.
+    def reclaim_in(self, owner: str, entry: DeviceRecord, now: float) -> float | None:
+        """Seconds until the reclaim, once warned (None: not warned)."""
+        key = clock_key(owner, entry)
+        since, warned = self._idle.since(key), self._idle.warned_at(key)
+        timeout = idle.timeout_of(entry.metadata)
+        if since is None or warned is None or timeout is None:
+            return None
+        return max(0.0, idle.reclaim_at(timeout, since, warned) - now)
 
-        The look: an fd scan of the container's processes for the GPU's own nodes (not
-        the control nodes every GPU shares), then NVML's process list where NVML loads.
-        The clock (agent/idle.py) starts at the first look that finds it unheld. The
-        unmount runs under the container's lock and the engine checks for holders again
-        (pidfds, then the scan): a process that opened the GPU since keeps it.
+    def utilization(self, owner: str, entry: DeviceRecord) -> float | None:
+        return self._utilization.get(clock_key(owner, entry))
+
+    def policy_note(self, owner: str, entry: DeviceRecord) -> str | None:
+        return self._notes.get(clock_key(owner, entry))
+
+    def reclaim_idle(self) -> list[str]:
+        """Look at every hot-mounted GPU; warn those about to be reclaimed, and unmount
+        those idle for their timeout.
+
+        The look, by the mount's policy: `unheld`, an fd scan of the container's
+        processes for the GPU's own nodes (not the control nodes every GPU shares), then
+        NVML's process list where NVML loads; `unused`, NVML's utilization (one sample of
+        every such GPU per pass, agent/idle.py), or the `unheld` look where NVML cannot
+        sample the GPU. The clock starts at the first look that finds it idle. The
+        unmount runs under the container's lock: under `unheld` the engine checks for
+        holders again (a process that opened the GPU since keeps it); under `unused` the
+        GPU is sampled again and its holders are stopped (SIGTERM, then SIGKILL).
         """
-        looked, due = [], []
+        state = self._state()
+        mounts = []
         for record in self.engine.ledger.records():
             entries = [d for d in record.devices.values() if self.is_gpu(d)]
             if not entries:
@@ -76,21 +121,86 @@ class IdleReclaim:
                 pids = self.engine.resolve(record.container_id or record.key).pids()
             except HotmountError:
                 continue  # gone: the engine's reconcile forgets it
-            for entry in entries:
-                key = clock_key(record.key, entry)
-                held = self._held(record, entry, pids)
-                now = time.monotonic()  # after the scan: conservative (agent/idle.py)
-                since = self._idle.observe(key, held, now)
-                looked.append(key)
-                timeout = idle.timeout_of(entry.metadata)
-                if since is not None and idle.should_reclaim(timeout, since, now, held):
-                    due.append((record, entry, now - since))
-        self._idle.retain(looked)
+            mounts += [(record, entry, pids) for entry in entries]
+        activity = self._sample(entry for _, entry, _ in mounts)
+        looks, warn, due = [], [], []
+        for record, entry, pids in mounts:
+            key = clock_key(record.key, entry)
+            busy = self._in_use(record, entry, pids, activity, key)
+            now = time.time()  # after the look: conservative (agent/idle.py)
+            since = self._idle.observe(key, busy, now)
+            look = _Look(record, entry, key, since, now)
+            looks.append(key)
+            timeout = idle.timeout_of(entry.metadata)
+            warned = self._idle.warned_at(key)
+            if idle.should_warn(timeout, since, warned, now):
+                self._idle.warn(key, now)
+                warn.append(look)
+            elif idle.should_reclaim(timeout, since, warned, now):
+                due.append(look)
+        self._idle.retain(looks)
+        for gone in set(self._utilization) - set(looks):
+            self._utilization.pop(gone, None)
+        for gone in set(self._notes) - set(looks):
+            self._notes.pop(gone, None)
+        state.save(self._idle)
+        for look in warn:
+            self._warn(look)
         taken = []
-        for record, entry, idle_for in due:
-            if self._reclaim(record, entry, idle_for):
-                taken.append(entry.key)
+        for look in due:
+            if self._reclaim(look):
+                taken.append(look.entry.key)
+        state.save(self._idle)
         return taken
+
+    def close(self) -> None:
+        self._sampler.close()
+
+    def _state(self) -> IdleState:
+        """The kept clocks, loaded at the first use after a start."""
+        if not self._loaded:
+            state = IdleState(self.settings.state_dir)
+            state.load(self._idle, time.time())
+            self._loaded.append(state)
+        return self._loaded[0]
+
+    def _sample(self, entries: Iterable[DeviceRecord]) -> dict[str, GpuActivity]:
+        """One NVML sample of every GPU under the `unused` policy."""
+        uuids = []
+        for entry in entries:
+            device = self.engine.inventory.get(entry.key)
+            if idle.policy_of(entry.metadata) == idle.UNUSED and device and device.uuid:
+                uuids.append(device.uuid)
+        if not uuids or not self.engine.config.use_nvml:
+            return {}
+        return self._sampler.sample(uuids)
+
+    def _in_use(
+        self,
+        record: ContainerRecord,
+        entry: DeviceRecord,
+        pids: list[int],
+        activity: dict[str, GpuActivity],
+        key: tuple[str, str, str],
+    ) -> int:
+        """1 or more when the mount counts as used under its policy, else 0."""
+        if idle.policy_of(entry.metadata) == idle.UNUSED:
+            device = self.engine.inventory.get(entry.key)
+            seen = activity.get(device.uuid) if device and device.uuid else None
+            if seen is not None and seen.judged:
+                self._notes.pop(key, None)
+                self._utilization[key] = seen.utilization_for(pids)
+                return int(seen.busy_for(pids))
+            why = (
+                seen.why_not
+                if seen is not None
+                else ("NVML is off (--no-use-nvml)" if device else "not an NVML GPU")
+            )
+            note = f"judged by holders (unheld): {why}"
+            if self._notes.get(key) != note:
+                log.info("idle policy unused for %s in %s: %s", entry.key, record.key, note)
+            self._notes[key] = note
+        return self._held(record, entry, pids)
 
     def is_gpu(self, entry: DeviceRecord) -> bool:
         """A GPU (or MIG, or another accelerator), not an RDMA device: one sysfs found
@@ -119,21 +229,51 @@ class IdleReclaim:
             found = len(usage.nvml_pids([device.uuid]) & set(pids))
         return found
 
-    def _reclaim(self, record: ContainerRecord, entry: DeviceRecord, idle_for: float) -> bool:
-        """Unmount one idle device under the container's lock, release its holder pod,
-        and tell the pod (Event) and the metrics."""
+    def _warn(self, look: _Look) -> None:
+        """GPUIdleSoon on the pod, and the warning counted."""
+        entry = look.entry
+        timeout = idle.timeout_of(entry.metadata) or 0
+        since = look.since if look.since is not None else look.now
+        left = idle.reclaim_at(timeout, since, look.now) - look.now
+        policy = idle.policy_of(entry.metadata)
+        what = "unused" if policy == idle.UNUSED and look.key not in self._notes else "unheld"
+        container = entry.metadata.get("container") or look.record.key
+        message = (
+            f"{self._device_text(entry.key)} in {container} "
+            f"has been {what} for {idle.format_duration(look.now - since)}: reclaimed in "
+            f"{idle.format_duration(left)} unless used (idle timeout "
+            f"{idle.format_duration(timeout)}, policy {policy})"
+        )
+        self.metrics.idle_warnings.inc()
+        log.info("%s", message)
+        self._pod_event(entry, "GPUIdleSoon", message, warning=True)
+
+    def _reclaim(self, look: _Look) -> bool:
+        """Unmount one idle device under the container's lock (under `unused`, stopping
+        its holders), release its holder pod, and tell the pod (Event) and the metrics."""
+        record, entry = look.record, look.entry
         ref = record.container_id or record.key
         meta = entry.metadata
-        namespace, pod_name = meta.get("namespace"), meta.get("pod")
-        key = clock_key(record.key, entry)
+        namespace = meta.get("namespace")
+        key = look.key
+        unused = idle.policy_of(meta) == idle.UNUSED and key not in self._notes
+        idle_for = look.now - (look.since or look.now)
+        stopped: list[int] = []
         try:
             with self.locks.hold(ref):
                 now = self.engine.ledger.load(record.key)
                 current = now.devices.get(entry.key) if now else None
                 if current is None or current.mounted_at != entry.mounted_at:
                     return False  # unmounted (or mounted anew) meanwhile
+                if unused and self._used_again(record, entry):
+                    self._idle.observe(key, 1, time.time())
+                    log.info(
+                        "reclaim of %s from %s: used again, its clock restarts", entry.key, ref
+                    )
+                    return False
                 before = self.holders.named_in(ref)
-                self.engine.unmount(ref, [entry.key], force=False)
+                result = self.engine.unmount(ref, [entry.key], force=unused)
+                stopped = list(result.stopped_pids)
                 released: list[str] = []
                 if namespace:
                     try:
@@ -141,7 +281,7 @@ class IdleReclaim:
                     except ApiError as exc:
                         log.warning("reclaim: holder pod release: %s", exc.message)
         except DeviceBusy as exc:
-            self._idle.observe(key, 1, time.monotonic())  # opened meanwhile: held again
+            self._idle.observe(key, 1, time.time())  # opened meanwhile: held again
             log.info(
                 "reclaim of %s from %s: in use, its idle clock restarts: %s",
                 entry.key,
@@ -156,22 +296,44 @@ class IdleReclaim:
         self.metrics.reclaimed.inc()
         timeout = idle.timeout_of(meta) or 0
         why = (
-            f"idle for {idle.format_duration(idle_for)} (idle timeout "
-            f"{idle.format_duration(timeout)})"
+            f"{'unused' if unused else 'idle'} for {idle.format_duration(idle_for)} "
+            f"(idle timeout {idle.format_duration(timeout)})"
         )
+        if stopped:
+            why += (
+                f"; stopped PIDs {', '.join(map(str, stopped))} that held it (SIGTERM, then "
+                f"SIGKILL after {self.settings.stop_grace:g}s)"
+            )
         label = self._device_text(entry.key)
         log.info("reclaimed %s from %s: %s; holder pods deleted: %s", label, ref, why, released)
-        if namespace and pod_name and self.kube is not None:
-            try:
-                pod = self.kube.find_pod(namespace, pod_name)
-            except ApiError:
-                pod = None
-            if pod is not None:
-                container = meta.get("container") or ref
-                record_event(
-                    self.kube, pod, "GPUReclaimed", f"took {label} back from {container}: {why}"
-                )
+        container = meta.get("container") or ref
+        self._pod_event(entry, "GPUReclaimed", f"took {label} back from {container}: {why}")
         return True
+
+    def _used_again(self, record: ContainerRecord, entry: DeviceRecord) -> bool:
+        """Under `unused`, a last look just before the holders are stopped."""
+        device = self.engine.inventory.get(entry.key)
+        if device is None or not device.uuid:
+            return False
+        try:
+            pids = self.engine.resolve(record.container_id or record.key).pids()
+        except HotmountError:
+            return False
+        seen = self._sampler.sample([device.uuid]).get(device.uuid)
+        return seen is not None and seen.judged and seen.busy_for(pids)
+
+    def _pod_event(
+        self, entry: DeviceRecord, reason: str, message: str, warning: bool = False
+    ) -> None:
+        namespace, pod_name = entry.metadata.get("namespace"), entry.metadata.get("pod")
+        if not (namespace and pod_name and self.kube is not None):
+            return
+        try:
+            pod = self.kube.find_pod(namespace, pod_name)
+        except ApiError:
+            return
+        if pod is not None:
+            self.kube.record_event(pod, reason, message, warning=warning)
 
     def _device_text(self, key: str) -> str:
         device = self.engine.inventory.get(key)

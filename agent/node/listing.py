@@ -59,6 +59,7 @@ class Listing:
         inventory = self.engine.inventory
         near = {nic: [g.key for g in gpus] for nic, gpus in inventory.nearest_gpus().items()}
         nearest_rdma = {gpu: nic for nic, gpus in near.items() for gpu in gpus}
+        idle_seconds = self._idle_seconds()
         infos = []
         for device in inventory.devices:
             mine = inventory.footprint(device)
@@ -76,8 +77,20 @@ class Listing:
             management = (
                 str(self.accounting.case(device, books)) if device.kind in BOOKED_KINDS else None
             )
-            infos.append(DeviceInfo.of(device, holders, near.get(device.key), nic, management))
+            info = DeviceInfo.of(device, holders, near.get(device.key), nic, management)
+            info.idle_seconds = idle_seconds.get(device.key)
+            infos.append(info)
         return DeviceList(node=self.settings.node_name, devices=infos)
+
+    def _idle_seconds(self) -> dict[str, int]:
+        """Each hot-mounted device's idle time (the least, when several containers share it)."""
+        now, found = time.time(), {}
+        for record in self.engine.ledger.records():
+            for entry in record.devices.values():
+                seconds = self.idle_reclaim.idle_for(record.key, entry, now)
+                if seconds is not None and self.idle_reclaim.is_gpu(entry):
+                    found[entry.key] = min(int(seconds), found.get(entry.key, int(seconds)))
+        return found
 
     def _pin_pods(self) -> set[tuple[str, str]]:
         """(namespace, name) of every pin a mount names: shown on its hot-mount, and not
@@ -195,7 +208,9 @@ class Listing:
                 and (h.allocation.pod_namespace, h.allocation.pod_name) not in pins
             ]
         timeout = idle.timeout_of(entry.metadata)
-        idle_for = self.idle_reclaim.idle_for(owner, entry, time.monotonic())
+        now = time.time()
+        idle_for = self.idle_reclaim.idle_for(owner, entry, now)
+        reclaim_in = self.idle_reclaim.reclaim_in(owner, entry, now)
         return MountedDevice(
             key=entry.key,
             kind=entry.kind,
@@ -206,6 +221,9 @@ class Listing:
             other_holders=others,
             idle_timeout=idle.format_duration(timeout) if timeout is not None else None,
             idle_seconds=int(idle_for) if idle_for is not None else None,
+            idle_policy=idle.policy_of(entry.metadata),
+            reclaim_in_seconds=int(reclaim_in) if reclaim_in is not None else None,
+            idle_policy_note=self.idle_reclaim.policy_note(owner, entry),
             pin=pin_of(entry.metadata),
             holder=None if pin_of(entry.metadata) else entry.metadata.get("holder"),
             mounted_at=entry.mounted_at,
@@ -213,7 +231,7 @@ class Listing:
 
     def mount_samples(self) -> list[MountSample]:
         """Every hot-mounted GPU, for the per-mount gauges (read at scrape time)."""
-        now = time.monotonic()
+        now = time.time()
         samples = []
         for record in self.engine.ledger.records():
             for entry in record.devices.values():
@@ -230,6 +248,8 @@ class Listing:
                         pod=meta.get("pod", ""),
                         container=meta.get("container") or record.container_id or record.key,
                         idle_seconds=self.idle_reclaim.idle_for(record.key, entry, now),
+                        utilization=self.idle_reclaim.utilization(record.key, entry),
+                        reclaim_in=self.idle_reclaim.reclaim_in(record.key, entry, now),
                     )
                 )
         return samples

@@ -119,6 +119,8 @@ class StubAgent:
     received: list[Received] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     shares: dict[tuple[str | None, str | None], str] = field(default_factory=dict)
+    # (namespace, pod) -> the mount's `reclaimInSeconds` (it was warned, GPUIdleSoon)
+    warned: dict[tuple[str | None, str | None], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._server: ThreadingHTTPServer | None = None
@@ -342,6 +344,9 @@ class StubAgent:
                 {"source": "hotmount", "namespace": ns, "pod": other, "container": "main",
                  "containerId": "f" * 64, "device": GPUS[1]["uuid"]}
             ]  # fmt: skip
+        if (reclaim_in := self.warned.get((ns, pod))) is not None:
+            device.update(idleTimeout="30m", idleSeconds=1800 - reclaim_in)
+            device.update(idlePolicy="unused", reclaimInSeconds=reclaim_in)
         return {
             "namespace": ns,
             "pod": pod,

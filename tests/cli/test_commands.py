@@ -99,6 +99,16 @@ def test_flags_before_the_command_too(nvcli: Nvcli, stub: StubAgent) -> None:
     assert stub.received[-1].path == "/v1/namespaces/team-a/pods/nb-0/devices"
 
 
+def test_status_says_when_a_warned_gpu_is_reclaimed(nvcli: Nvcli, stub: StubAgent) -> None:
+    stub.warned[("ml", "nb-0")] = 240
+    run = nvcli("status", "--name", "nb-0", *agent_args(stub))
+    assert run.rc == 0, run.err
+    assert run.out.splitlines()[-1] == "GPU 1 in main: reclaimed in 4m unless used"
+    run = nvcli("status", "--name", "nb-0", "-o", "json", *agent_args(stub))
+    [device] = json.loads(run.out)["containers"][0]["devices"]
+    assert device["reclaimInSeconds"] == 240 and device["idlePolicy"] == "unused"
+
+
 # -- parsing: as operators type it --------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from agent.schemas import DeviceList, MountResult, PodDevices, ReassignResult, UnmountResult
-from cli.output import Waiting, idle_text, render
+from cli.output import Waiting, idle_text, reclaim_text, render
 from tests.cli.test_client import (
     UUID0,
     UUID1,
@@ -81,6 +81,19 @@ def test_tables() -> None:
     assert status[1].split()[:3] == ["ml/nb-0", "main", "1"]
     assert status[1].split()[-1] == "-/never"
     assert idle_text(0, "30m") == "busy/30m" and idle_text(720, "30m") == "12m/30m"
+
+    warned = pod_devices()
+    device = warned["containers"][0]["devices"][0]
+    device.update(idleTimeout="30m", idleSeconds=1561, idlePolicy="unused")
+    device.update(reclaimInSeconds=239, idlePolicyNote=None)
+    warned_rows = render(PodDevices.model_validate(warned), "table").splitlines()
+    assert warned_rows[1].split()[-1] == "26m1s/30m"
+    assert warned_rows[-1] == "GPU 1 in main: reclaimed in 4m unless used"
+    device.update(reclaimInSeconds=None, idlePolicyNote="judged by holders (unheld): MIG")
+    noted = render(PodDevices.model_validate(warned), "table").splitlines()
+    assert noted[-1] == "GPU 1 in main: judged by holders (unheld): MIG"
+    assert reclaim_text(45) == "reclaimed in 45s unless used"
+    assert reclaim_text(0) == "reclaimed now unless used"
 
     listing = render(RESULTS["list"], "table").splitlines()
     assert listing[0].split() == [

@@ -43,6 +43,7 @@ NVML_GPUS = (
     FakeGpu("GPU-4b8d0c3e-0000-4000-8000-000000000001", "0000:3b:00.0", 1),
 )
 NVML_MOUNT = "/opt/fake-nvml"
+NVML_ACTIVITY = "activity"  # in Gpus.nvml_dir: tests/fakes/nvml's utilization control file
 RECONCILE_INTERVAL = 5.0
 GRANTED, DENIED, ABSENT = "granted", "denied", "absent"
 EXIT_AUTH, EXIT_CONFLICT, EXIT_QUOTA = 5, 3, 7
@@ -116,6 +117,8 @@ class Release:
             "extraEnv": [
                 {"name": "LD_LIBRARY_PATH", "value": NVML_MOUNT},
                 {"name": "FAKE_NVML_CONFIG", "value": f"{NVML_MOUNT}/gpus.conf"},
+                # GPU utilization the tests write (issue 20); no file: every GPU is idle
+                {"name": "FAKE_NVML_ACTIVITY", "value": f"{NVML_MOUNT}/{NVML_ACTIVITY}"},
             ],
         }
 

@@ -9,11 +9,16 @@ from agent.config import AgentSettings
 from agent.idle import (
     ANNOTATION,
     IdleClock,
+    choose_policy,
     choose_timeout,
     format_duration,
     parse_duration,
+    policy_of,
+    reclaim_at,
     should_reclaim,
+    should_warn,
     timeout_of,
+    warn_lead,
 )
 from agent.schemas import MountRequest
 
@@ -92,20 +97,22 @@ def test_a_stored_timeout_that_cannot_be_read_never_reclaims(
 
 
 @pytest.mark.parametrize(
-    ("timeout", "since", "now", "holders", "reclaim"),
+    ("timeout", "since", "warned", "now", "reclaim"),
     [
-        (60, 0, 60, 0, True),  # exactly the timeout
-        (60, 0, 59.9, 0, False),  # not before
-        (60, 0, 10_000, 1, False),  # never while anyone holds it
-        (None, 0, 10_000, 0, False),  # no timeout: never
-        (60, None, 10_000, 0, False),  # never seen idle
+        (1800, 0, 1620, 1800, True),  # warned at its lead, due at the timeout
+        (1800, 0, 1620, 1799.9, False),  # not before
+        (1800, None, 1620, 10_000, False),  # never while in use (the clock reset)
+        (None, 0, 1620, 10_000, False),  # no timeout: never
+        (1800, 0, None, 10_000, False),  # never without a warning first
+        (1800, 0, 5000, 5179, False),  # warned late (a restart): the full lead still given
+        (1800, 0, 5000, 5180, True),
     ],
-    ids=["at-timeout", "before", "held", "no-timeout", "not-seen-idle"],
+    ids=["at-timeout", "before", "in-use", "no-timeout", "not-warned", "late-warning", "lead"],
 )
 def test_the_decision(
-    timeout: float | None, since: float | None, now: float, holders: int, reclaim: bool
+    timeout: float | None, since: float | None, warned: float | None, now: float, reclaim: bool
 ) -> None:
-    assert should_reclaim(timeout, since, now, holders) is reclaim
+    assert should_reclaim(timeout, since, warned, now) is reclaim
 
 
 def test_the_clock_starts_at_the_first_unheld_look_and_a_holder_resets_it() -> None:
@@ -120,17 +127,61 @@ def test_the_clock_starts_at_the_first_unheld_look_and_a_holder_resets_it() -> N
     assert clock.observe("m", holders=0, now=40) == 40
 
 
-def test_a_restart_never_makes_a_gpu_look_idle_longer_than_it_was() -> None:
-    """The clock lives in memory: a new process starts it at its own first look, so a GPU
-    idle for an hour before a restart counts from the restart (less, never more)."""
+def test_a_kept_clock_restored_after_a_restart_keeps_its_idle_time_and_warning() -> None:
+    """The clock is kept beside the ledger: restored, a GPU idle for an hour before a
+    restart is still idle since then; a time in the future (the wall clock went back)
+    counts from now: idle for less, never for more."""
     before = IdleClock()
-    before.observe("m", holders=0, now=0)
-    assert before.idle_for("m", 3600) == 3600
-    after = IdleClock()  # the agent restarted at 3600
-    since = after.observe("m", holders=0, now=3601)
-    assert since == 3601
-    assert not should_reclaim(60, since, 3601 + 59, holders=0)
-    assert should_reclaim(60, since, 3601 + 60, holders=0)
+    before.observe("m", holders=0, now=100)
+    before.warn("m", now=150)
+    after = IdleClock()
+    for key, since, warned in before.items():
+        after.restore(key, since, warned, now=3700)
+    assert after.observe("m", holders=0, now=3701) == 100
+    assert after.warned_at("m") == 150
+    skewed = IdleClock()
+    skewed.restore("m", since=9999, warned_at=9999, now=500)
+    assert skewed.idle_for("m", 500) == 0 and skewed.warned_at("m") == 500
+
+
+def test_use_resets_the_clock_and_its_warning() -> None:
+    clock = IdleClock()
+    clock.observe("m", holders=0, now=0)
+    clock.warn("m", now=50)
+    assert clock.observe("m", holders=1, now=60) is None
+    assert clock.warned_at("m") is None
+    assert clock.observe("m", holders=0, now=70) == 70
+
+
+@pytest.mark.parametrize(
+    ("timeout", "lead"),
+    [(3, 3), (30, 30), (600, 60), (1800, 180), (7200, 720)],
+    ids=["3s-all", "30s-all", "10m-min-1m", "30m-tenth", "2h-tenth"],
+)
+def test_the_warning_lead_is_a_tenth_at_least_a_minute_at_most_the_timeout(
+    timeout: float, lead: float
+) -> None:
+    assert warn_lead(timeout) == lead
+
+
+def test_the_warning_comes_first_and_the_reclaim_never_sooner_than_its_lead() -> None:
+    assert not should_warn(1800, 0, None, 1619)
+    assert should_warn(1800, 0, None, 1620)  # 3m before the 30m timeout
+    assert not should_warn(1800, 0, 1620, 1700)  # once
+    assert not should_warn(None, 0, None, 10_000) and not should_warn(1800, None, None, 10_000)
+    assert reclaim_at(1800, 0, 1620) == 1800
+    # A restart found the clock overdue and unwarned: the warning still gives 3m.
+    assert reclaim_at(1800, 0, 5000) == 5180
+
+
+def test_the_policy_comes_from_the_request_then_the_annotation_then_the_node() -> None:
+    annotated = {"hotmount.io/idle-policy": "unused"}
+    assert choose_policy("unheld", annotated, "unheld") == "unheld"
+    assert choose_policy(None, annotated, "unheld") == "unused"
+    assert choose_policy(None, {}, "unused") == "unused"
+    with pytest.raises(ValueError, match=r"hotmount\.io/idle-policy: 'idle' is not an idle policy"):
+        choose_policy(None, {"hotmount.io/idle-policy": "idle"}, "unheld")
+    assert policy_of({}) == "unheld" and policy_of({"idlePolicy": "unused"}) == "unused"
 
 
 def test_retain_drops_the_clocks_of_mounts_that_are_gone() -> None:

@@ -105,3 +105,37 @@ def env(
     if init_error is not None:
         result["FAKE_NVML_INIT_ERROR"] = str(init_error)
     return result
+
+
+# Utilization (issue 20): the activity control file, re-read by the fake on every call.
+@dataclass(frozen=True)
+class FakeActivity:
+    """One GPU's activity: device-wide `gpu`/`memory` percentages, per-process samples
+    (pid, sm %, memory %), or `unsupported` (NVML_ERROR_NOT_SUPPORTED, as for MIG)."""
+
+    uuid: str
+    gpu: int = 0
+    memory: int = 0
+    processes: tuple[tuple[int, int, int], ...] = ()
+    unsupported: bool = False
+
+    def line(self) -> str:
+        parts = [self.uuid, f"gpu={self.gpu}", f"memory={self.memory}"]
+        if self.processes:
+            parts.append("process=" + ",".join(f"{p}:{s}:{m}" for p, s, m in self.processes))
+        if self.unsupported:
+            parts.append("unsupported")
+        return " ".join(parts)
+
+
+def write_activity(path: Path, activity: Iterable[FakeActivity]) -> Path:
+    """Replace the activity file atomically (a reader never sees half of it)."""
+    scratch = path.with_name(path.name + ".new")
+    scratch.write_text("".join(a.line() + "\n" for a in activity))
+    scratch.replace(path)
+    return path
+
+
+def with_activity(environment: dict[str, str], path: Path) -> dict[str, str]:
+    """`environment` plus the activity file the fake reads."""
+    return {**environment, "FAKE_NVML_ACTIVITY": str(path)}

@@ -521,3 +521,135 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
     strcpy(name, text);
     return NVML_SUCCESS;
 }
+
+/* ---- Utilization (issue 20): nvmlDeviceGetUtilizationRates, nvmlDeviceGetProcessUtilization.
+ *
+ * Activity comes from the control file named by $FAKE_NVML_ACTIVITY, re-read on every call
+ * so a test changes a GPU's activity while a process keeps NVML open. One line per GPU:
+ *
+ *     GPU-<uuid> gpu=<pct> memory=<pct> [process=<pid>:<sm>:<mem>[,...]] [unsupported]
+ *
+ * A GPU without a line (or no file) is idle: 0 %, no process samples. `unsupported` makes
+ * both calls answer NVML_ERROR_NOT_SUPPORTED, as the driver does for MIG devices. Process
+ * samples are stamped with the time of the call (microseconds, as the driver's are), so a
+ * process listed as busy stays busy: each call after a timestamp finds a newer sample.
+ */
+#include <sys/time.h>
+
+#define NVML_ERROR_NOT_SUPPORTED_CODE 3
+
+/* nvml.h: nvmlUtilization_t. */
+typedef struct nvmlUtilization_st {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+/* nvml.h: nvmlProcessUtilizationSample_t. */
+typedef struct nvmlProcessUtilizationSample_st {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
+_Static_assert(sizeof(nvmlUtilization_t) == 8, "nvmlUtilization_t");
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t");
+_Static_assert(__builtin_offsetof(nvmlProcessUtilizationSample_t, smUtil) == 16, "smUtil");
+
+struct fake_activity {
+    int found, unsupported;
+    unsigned int gpu, memory, nproc;
+    unsigned int pid[MAX_PIDS], sm[MAX_PIDS], mem[MAX_PIDS];
+};
+
+/* This GPU's line of the activity file; found=0 when there is none. */
+static void read_activity(const char *uuid, struct fake_activity *a) {
+    const char *path = getenv("FAKE_NVML_ACTIVITY");
+    FILE *f = path ? fopen(path, "r") : NULL;
+    char line[4096];
+    memset(a, 0, sizeof *a);
+    if (!f)
+        return;
+    while (!a->found && fgets(line, sizeof line, f)) {
+        char *save, *tok = strtok_r(line, " \t\r\n", &save);
+        if (!tok || strcmp(tok, uuid))
+            continue;
+        a->found = 1;
+        while ((tok = strtok_r(NULL, " \t\r\n", &save))) {
+            if (!strncmp(tok, "gpu=", 4))
+                a->gpu = (unsigned int)strtoul(tok + 4, NULL, 10);
+            else if (!strncmp(tok, "memory=", 7))
+                a->memory = (unsigned int)strtoul(tok + 7, NULL, 10);
+            else if (!strcmp(tok, "unsupported"))
+                a->unsupported = 1;
+            else if (!strncmp(tok, "process=", 8)) {
+                char *list = tok + 8, *end;
+                while (*list && a->nproc < MAX_PIDS) {
+                    unsigned int n = a->nproc;
+                    a->pid[n] = (unsigned int)strtoul(list, &end, 10);
+                    if (end == list || *end != ':')
+                        break;
+                    a->sm[n] = (unsigned int)strtoul(end + 1, &end, 10);
+                    if (*end != ':')
+                        break;
+                    a->mem[n] = (unsigned int)strtoul(end + 1, &end, 10);
+                    a->nproc++;
+                    list = *end == ',' ? end + 1 : end;
+                }
+            }
+        }
+    }
+    fclose(f);
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+    struct fake_activity a;
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(device) || !utilization)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    read_activity(device->uuid, &a);
+    if (a.unsupported)
+        return (nvmlReturn_t)NVML_ERROR_NOT_SUPPORTED_CODE;
+    utilization->gpu = a.gpu;
+    utilization->memory = a.memory;
+    return NVML_SUCCESS;
+}
+
+/* The driver's dance: samples NULL -> INSUFFICIENT_SIZE and how many there are; none newer
+ * than lastSeenTimeStamp -> NOT_FOUND. */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                             nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount,
+                                             unsigned long long lastSeenTimeStamp) {
+    struct fake_activity a;
+    struct timeval tv;
+    unsigned long long now;
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(device) || !processSamplesCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    read_activity(device->uuid, &a);
+    if (a.unsupported)
+        return (nvmlReturn_t)NVML_ERROR_NOT_SUPPORTED_CODE;
+    gettimeofday(&tv, NULL);
+    now = (unsigned long long)tv.tv_sec * 1000000ULL + (unsigned long long)tv.tv_usec;
+    if (a.nproc == 0 || lastSeenTimeStamp >= now)
+        return NVML_ERROR_NOT_FOUND;
+    if (!utilization || *processSamplesCount < a.nproc) {
+        *processSamplesCount = a.nproc;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < a.nproc; i++) {
+        memset(&utilization[i], 0, sizeof utilization[i]);
+        utilization[i].pid = a.pid[i];
+        utilization[i].timeStamp = now;
+        utilization[i].smUtil = a.sm[i];
+        utilization[i].memUtil = a.mem[i];
+    }
+    *processSamplesCount = a.nproc;
+    return NVML_SUCCESS;
+}
+/* ---- end of utilization */
