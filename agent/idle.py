@@ -32,6 +32,8 @@ MOUNT_ID_KEY = "mountId"  # ledger metadata: one mount, the key of its idle cloc
 ANNOTATION = "hotmount.io/idle-timeout"
 POLICY_KEY = "idlePolicy"  # ledger metadata: `unheld` or `unused`
 POLICY_ANNOTATION = "hotmount.io/idle-policy"
+WARN_KEY = "warnBefore"  # ledger metadata: how long before the reclaim to warn, in seconds
+WARN_ANNOTATION = "hotmount.io/idle-warn-before"
 UNHELD, UNUSED = "unheld", "unused"
 POLICIES = (UNHELD, UNUSED)
 MIN_WARN_LEAD = 60.0  # seconds: the shortest warning before a reclaim (unless the timeout is)
@@ -125,36 +127,84 @@ def policy_of(metadata: dict[str, str]) -> str:
     return UNUSED if metadata.get(POLICY_KEY) == UNUSED else UNHELD
 
 
-def warn_lead(timeout: float) -> float:
-    """How long before the reclaim the warning comes: a tenth of the timeout, at least a
-    minute, never more than the timeout itself (a 30s timeout warns at its start)."""
+def warn_lead(timeout: float, before: float | None = None) -> float:
+    """How long before the reclaim the warning comes: the mount's `warnBefore` if it has
+    one, else a tenth of the timeout, at least a minute; never more than the timeout
+    itself (a 30s timeout warns at its start)."""
+    if before is not None:
+        return min(timeout, before)
     return min(timeout, max(MIN_WARN_LEAD, timeout / 10))
 
 
-def reclaim_at(timeout: float, since: float, warned_at: float | None) -> float:
+def reclaim_at(
+    timeout: float, since: float, warned_at: float | None, before: float | None = None
+) -> float:
     """When a mount idle since `since` is due: at the timeout, but never sooner than the
     lead after its warning (a warning given late, after a restart, still gives it)."""
     due = since + timeout
-    return due if warned_at is None else max(due, warned_at + warn_lead(timeout))
+    return due if warned_at is None else max(due, warned_at + warn_lead(timeout, before))
 
 
 def should_reclaim(
-    timeout: float | None, since: float | None, warned_at: float | None, now: float
+    timeout: float | None,
+    since: float | None,
+    warned_at: float | None,
+    now: float,
+    before: float | None = None,
 ) -> bool:
     """Reclaim only a GPU with a timeout, idle now (`since` set), warned, and due
     (`reclaim_at`): never one in use, never one not warned first."""
     if timeout is None or since is None or warned_at is None:
         return False
-    return now >= reclaim_at(timeout, since, warned_at)
+    return now >= reclaim_at(timeout, since, warned_at, before)
 
 
 def should_warn(
-    timeout: float | None, since: float | None, warned_at: float | None, now: float
+    timeout: float | None,
+    since: float | None,
+    warned_at: float | None,
+    now: float,
+    before: float | None = None,
 ) -> bool:
     """Warn once, `warn_lead` before the timeout, while idle."""
     if timeout is None or since is None or warned_at is not None:
         return False
-    return now >= since + timeout - warn_lead(timeout)
+    return now >= since + timeout - warn_lead(timeout, before)
+
+
+def choose_warn_before(
+    requested: str | None, annotations: dict[str, str], timeout: float | None
+) -> float | None:
+    """The request's `warnBefore`, else the pod's annotation; None: the default lead.
+
+    Only with an idle timeout, and shorter than it: a warning as long as the timeout
+    would come before the GPU was ever idle. Raises ValueError saying which is wrong."""
+    annotated = annotations.get(WARN_ANNOTATION)
+    source = "warnBefore" if requested else f"pod annotation {WARN_ANNOTATION}"
+    raw = requested or annotated
+    if raw is None:
+        return None
+    try:
+        before = parse_duration(raw)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from exc
+    if timeout is None:
+        raise ValueError(f"{source} {raw!r} needs an idle timeout (idleTimeout)")
+    if before >= timeout:
+        raise ValueError(
+            f"{source} {raw!r} must be shorter than the idle timeout {format_duration(timeout)}"
+        )
+    return before
+
+
+def warn_before_of(metadata: dict[str, str]) -> float | None:
+    """A mount's `warnBefore` from its ledger metadata; None (the default lead) if absent
+    or unreadable."""
+    try:
+        value = float(metadata.get(WARN_KEY) or 0)
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 class IdleClock:

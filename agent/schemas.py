@@ -232,6 +232,9 @@ class MountRequest(Request):
     idle_timeout: Duration | None = None
     # `unheld` or `unused` (agent/idle.py); else hotmount.io/idle-policy, else --idle-policy.
     idle_policy: Literal["unheld", "unused"] | None = None
+    # How long before the reclaim the GPUIdleSoon warning comes (below idleTimeout); else
+    # hotmount.io/idle-warn-before, else a tenth of the timeout, at least 1m.
+    warn_before: Duration | None = None
     # This mount only: not mounted again into a container that replaces this one after a
     # restart (agent/node/remounts.py). None by default, for older agents.
     once: bool | None = None

@@ -71,11 +71,14 @@ class IdleReclaim:
                 request.idle_timeout, annotations, self.settings.idle_timeout
             )
             policy = idle.choose_policy(request.idle_policy, annotations, self.settings.idle_policy)
+            before = idle.choose_warn_before(request.warn_before, annotations, timeout)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
         meta = {idle.MOUNT_ID_KEY: secrets.token_hex(6), idle.POLICY_KEY: policy}
         if timeout is not None:
             meta[idle.TIMEOUT_KEY] = f"{timeout:g}"
+        if before is not None:
+            meta[idle.WARN_KEY] = f"{before:g}"
         return meta
 
     def idle_for(self, owner: str, entry: DeviceRecord, now: float) -> float | None:
@@ -90,7 +93,8 @@ class IdleReclaim:
         timeout = idle.timeout_of(entry.metadata)
         if since is None or warned is None or timeout is None:
             return None
-        return max(0.0, idle.reclaim_at(timeout, since, warned) - now)
+        before = idle.warn_before_of(entry.metadata)
+        return max(0.0, idle.reclaim_at(timeout, since, warned, before) - now)
 
     def utilization(self, owner: str, entry: DeviceRecord) -> float | None:
         return self._utilization.get(clock_key(owner, entry))
@@ -132,11 +136,12 @@ class IdleReclaim:
             look = _Look(record, entry, key, since, now)
             looks.append(key)
             timeout = idle.timeout_of(entry.metadata)
+            before = idle.warn_before_of(entry.metadata)
             warned = self._idle.warned_at(key)
-            if idle.should_warn(timeout, since, warned, now):
+            if idle.should_warn(timeout, since, warned, now, before):
                 self._idle.warn(key, now)
                 warn.append(look)
-            elif idle.should_reclaim(timeout, since, warned, now):
+            elif idle.should_reclaim(timeout, since, warned, now, before):
                 due.append(look)
         self._idle.retain(looks)
         for gone in set(self._utilization) - set(looks):
@@ -234,7 +239,8 @@ class IdleReclaim:
         entry = look.entry
         timeout = idle.timeout_of(entry.metadata) or 0
         since = look.since if look.since is not None else look.now
-        left = idle.reclaim_at(timeout, since, look.now) - look.now
+        before = idle.warn_before_of(entry.metadata)
+        left = idle.reclaim_at(timeout, since, look.now, before) - look.now
         policy = idle.policy_of(entry.metadata)
         what = "unused" if policy == idle.UNUSED and look.key not in self._notes else "unheld"
         container = entry.metadata.get("container") or look.record.key

@@ -329,3 +329,32 @@ def test_a_gpu_the_engine_finds_busy_at_reclaim_is_kept_and_its_clock_restarts(
         )
         assert not mounted(api)
     ledger_clean(cluster)
+
+
+def test_warn_before_sets_the_warnings_lead_and_bad_values_mount_nothing(
+    cluster: Cluster,
+) -> None:
+    """Without warnBefore a 6s timeout warns at once (the lead is the whole timeout, as the
+    lead's minute is longer); with warnBefore 2s the warning says 2s are left."""
+    cluster.pod("nb")
+    agent = cluster.agent()
+    with agent.client(ALICE) as api:
+        for body, message in (
+            ({"idleTimeout": "6s", "warnBefore": "6s"}, "must be shorter than the idle timeout"),
+            ({"warnBefore": "2s"}, "needs an idle timeout"),
+        ):
+            refused = api.post(DEVICES, json={"devices": [FUSE_GPU], **body})
+            assert refused.status_code == 400, refused.text
+            assert message in refused.json()["message"]
+        assert mounted(api) == []
+        ledger_clean(cluster)
+
+        done = api.post(
+            DEVICES, json={"devices": [FUSE_GPU], "idleTimeout": "6s", "warnBefore": "2s"}
+        )
+        assert done.status_code == 200, done.text
+        wait_for(lambda: cluster.events("GPUIdleSoon"), "the warning", timeout=HUNG)
+        [soon] = cluster.events("GPUIdleSoon")
+        assert "reclaimed in 2s unless used" in soon["message"], soon["message"]
+        wait_for(lambda: cluster.events("GPUReclaimed"), "the reclaim", timeout=HUNG)
+        assert mounted(api) == []

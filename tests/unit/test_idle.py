@@ -11,6 +11,7 @@ from agent.idle import (
     IdleClock,
     choose_policy,
     choose_timeout,
+    choose_warn_before,
     format_duration,
     parse_duration,
     policy_of,
@@ -18,6 +19,7 @@ from agent.idle import (
     should_reclaim,
     should_warn,
     timeout_of,
+    warn_before_of,
     warn_lead,
 )
 from agent.schemas import MountRequest
@@ -190,3 +192,27 @@ def test_retain_drops_the_clocks_of_mounts_that_are_gone() -> None:
     clock.observe("b", 0, 0)
     clock.retain(["a"])
     assert clock.idle_for("a", 1) == 1 and clock.idle_for("b", 1) is None
+
+
+def test_warn_before_sets_the_lead_within_the_timeout() -> None:
+    assert warn_lead(1800, before=300) == 300  # not the default 3m
+    assert warn_lead(30, before=300) == 30  # never more than the timeout
+    assert not should_warn(1800, 0, None, 1499, before=300)
+    assert should_warn(1800, 0, None, 1500, before=300)
+    assert reclaim_at(1800, 0, 5000, before=300) == 5300
+    assert should_reclaim(1800, 0, 1500, 1800, before=300)
+
+
+def test_warn_before_comes_from_the_request_then_the_annotation() -> None:
+    annotated = {"hotmount.io/idle-warn-before": "10m"}
+    assert choose_warn_before("5m", annotated, 3600) == 300
+    assert choose_warn_before(None, annotated, 3600) == 600
+    assert choose_warn_before(None, {}, 3600) is None
+    with pytest.raises(ValueError, match="must be shorter than the idle timeout 1h"):
+        choose_warn_before("1h", {}, 3600)
+    with pytest.raises(ValueError, match="needs an idle timeout"):
+        choose_warn_before(None, annotated, None)
+    with pytest.raises(ValueError, match=r"pod annotation hotmount\.io/idle-warn-before"):
+        choose_warn_before(None, {"hotmount.io/idle-warn-before": "soon"}, 3600)
+    assert warn_before_of({"warnBefore": "300"}) == 300
+    assert warn_before_of({"warnBefore": "x"}) is None and warn_before_of({}) is None
