@@ -232,9 +232,10 @@ def _answer(
     objects = local + others.items
     version = table_version(request.headers.get("accept"))
     answer = _list(kind, objects) if version is None else table(kind, objects, version, include)
-    if not others.missing:
-        return answer
-    answer["metadata"]["missingNodes"] = [m.as_json() for m in others.missing]
+    if others.missing:
+        answer["metadata"]["missingNodes"] = [m.as_json() for m in others.missing]
+    # Plain JSON already: FastAPI's own encoder would walk every value of 500 nodes' lists
+    # again (a quarter of a second at 500 nodes of 8 GPUs).
     response = JSONResponse(answer)
     for warning in missing_warnings(others.missing):
         response.headers.append("Warning", warning)

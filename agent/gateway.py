@@ -60,15 +60,14 @@ class Gateway:
         self._http = httpx.Client(
             verify=verify, timeout=httpx.Timeout(answer, connect=min(answer, 5.0))
         )
-        # Lists: their own timeout, and a connection kept per agent between lists (the
-        # number in flight is the pool's, not the client's).
-        self._lists = httpx.Client(
-            verify=verify,
-            timeout=httpx.Timeout(settings.list_timeout),
-            limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=8192, keepalive_expiry=120
-            ),
+        # Lists: their own timeout, and one small client per agent, kept between lists for
+        # its keep-alive connection. One client for all would do, but its pool looks at every
+        # idle connection (a poll each) for every request: quadratic at 500 agents.
+        self._list_tls = (
+            verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context()
         )
+        self._list_clients: dict[str, httpx.Client] = {}
+        self._list_clients_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(settings.fanout_concurrency, "fan-out")
         self._gpu_nodes: tuple[float, set[str]] | None = None
         self._gpu_nodes_lock = threading.Lock()
@@ -76,7 +75,10 @@ class Gateway:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._http.close()
-        self._lists.close()
+        with self._list_clients_lock:
+            clients, self._list_clients = list(self._list_clients.values()), {}
+        for one in clients:
+            one.close()
 
     def forward(
         self,
@@ -114,6 +116,9 @@ class Gateway:
         started = time.monotonic()
         peers = agent_peers(self.kube, self.settings.agent_namespace, self.settings.agent_selector)
         ask, missing = plan(peers, self._recent_gpu_nodes(), self.settings.node_name)
+        self._forget_list_clients(
+            {self._url(p.ip or "", p.ports, "/").split("/", 3)[2] for p in ask}
+        )
         token = self.kube.token()
         if ask and not token:
             raise UpstreamError("this agent has no ServiceAccount token to forward with")
@@ -157,11 +162,30 @@ class Gateway:
             (LOCAL_ONLY, "1"),
             *assertion_headers(caller.user),
         ]
-        return self._lists.get(
-            self._url(peer.ip or "", peer.ports, path),
-            headers=headers,
-            extensions=self._sni(),
-        )
+        url = self._url(peer.ip or "", peer.ports, path)
+        return self._list_client(url).get(url, headers=headers, extensions=self._sni())
+
+    def _list_client(self, url: str) -> httpx.Client:
+        origin = url.split("/", 3)[2]
+        with self._list_clients_lock:
+            found = self._list_clients.get(origin)
+            if found is None:
+                found = self._list_clients[origin] = httpx.Client(
+                    verify=self._list_tls,
+                    timeout=httpx.Timeout(self.settings.list_timeout),
+                    limits=httpx.Limits(
+                        max_connections=4, max_keepalive_connections=1, keepalive_expiry=120
+                    ),
+                )
+            return found
+
+    def _forget_list_clients(self, keep: set[str]) -> None:
+        """Close the clients of agents that are gone (a node removed, a pod moved)."""
+        with self._list_clients_lock:
+            gone = [o for o in self._list_clients if o not in keep]
+            closing = [self._list_clients.pop(o) for o in gone]
+        for one in closing:
+            one.close()
 
     def _recent_gpu_nodes(self) -> set[str]:
         """The GPU nodes, listed at most once a minute; none when they cannot be listed
