@@ -116,9 +116,7 @@ class Gateway:
         started = time.monotonic()
         peers = agent_peers(self.kube, self.settings.agent_namespace, self.settings.agent_selector)
         ask, missing = plan(peers, self._recent_gpu_nodes(), self.settings.node_name)
-        self._forget_list_clients(
-            {self._url(p.ip or "", p.ports, "/").split("/", 3)[2] for p in ask}
-        )
+        self._forget_list_clients({self._url(p.ip or "", p.ports, "") for p in ask})
         token = self.kube.token()
         if ask and not token:
             raise UpstreamError("this agent has no ServiceAccount token to forward with")
@@ -138,6 +136,9 @@ class Gateway:
                 answer = future.result()
             except httpx.HTTPError as exc:
                 result.missing.append(MissingNode(node, error_reason(exc), str(exc) or repr(exc)))
+                continue
+            except Exception as exc:  # a pod IP that makes no URL, say: one node, not the list
+                result.missing.append(MissingNode(node, "Unreachable", repr(exc)))
                 continue
             reason = status_reason(answer.status_code)
             if reason is None:
@@ -162,11 +163,11 @@ class Gateway:
             (LOCAL_ONLY, "1"),
             *assertion_headers(caller.user),
         ]
-        url = self._url(peer.ip or "", peer.ports, path)
-        return self._list_client(url).get(url, headers=headers, extensions=self._sni())
+        origin = self._url(peer.ip or "", peer.ports, "")
+        client = self._list_client(origin)
+        return client.get(origin + path, headers=headers, extensions=self._sni())
 
-    def _list_client(self, url: str) -> httpx.Client:
-        origin = url.split("/", 3)[2]
+    def _list_client(self, origin: str) -> httpx.Client:
         with self._list_clients_lock:
             found = self._list_clients.get(origin)
             if found is None:
