@@ -118,8 +118,10 @@ class Gateway:
         ask, missing = plan(peers, self._recent_gpu_nodes(), self.settings.node_name)
         self._forget_list_clients({self._url(p.ip or "", p.ports, "") for p in ask})
         token = self.kube.token()
-        if ask and not token:
-            raise UpstreamError("this agent has no ServiceAccount token to forward with")
+        if not token:  # every other node is missing, for one reason: say it, list this one
+            lost = "this agent has no ServiceAccount token to ask other agents with"
+            missing += [MissingNode(p.node or "", "Unreachable", lost) for p in ask]
+            ask = []
         asked: dict[Future[httpx.Response], Peer] = {
             self._pool.submit(self._list_one, peer, caller, path, token or ""): peer for peer in ask
         }

@@ -89,7 +89,8 @@ def test_an_unreachable_agent_and_an_agentless_gpu_node_are_named(
     missing = {
         e["node"]: e["unavailable"] for e in json.loads(as_json.stdout) if "unavailable" in e
     }
-    assert missing[unreachable]["reason"] in ("Timeout", "Unreachable"), missing
+    # how an address nobody answers fails depends on the network: silence, no route, RST
+    assert missing[unreachable]["reason"] in ("Timeout", "Unreachable", "Refused"), missing
     assert missing[agentless]["reason"] == "NoAgent"
     assert NODE_NAME not in missing
 
