@@ -25,6 +25,7 @@ cluster-scoped (`nodedevices`): it shows holders in every namespace.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -36,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agent.auth import Authorizer, Identity
 from agent.deps import Authz, Caller, Gate, Listing, Mounting, Moves
 from agent.errors import BadRequest, Forbidden, NotOnThisNode, UnsupportedMediaType
+from agent.fanout import MissingNode, missing_warnings
 from agent.gateway import LOCAL_ONLY, Gateway
 from agent.node import listing as node_listing
 from agent.node import moves as node_moves
@@ -206,8 +208,13 @@ async def delete_options_dry_run(request: Request) -> list[str] | None:
     return [str(v) for v in dry_run] if isinstance(dry_run, list) else None
 
 
-def _node_devices(listing: node_listing.Listing, node: str) -> dict[str, Any]:
-    return _object("NodeDevices", node, listing.devices(), created=STARTED_AT)
+def _node_devices(
+    listing: node_listing.Listing, node: str, fanned_out: bool = False
+) -> dict[str, Any]:
+    """`fanned_out`: another agent's ask for one part of a cluster's list, answered
+    without reading the API server (the books of the last few seconds)."""
+    devices = listing.devices(recent_books=fanned_out)
+    return _object("NodeDevices", node, devices, created=STARTED_AT)
 
 
 def _answer(
@@ -219,12 +226,20 @@ def _answer(
     include: IncludeObject,
 ) -> Any:
     """This node's objects and every other node's, as a list, or its Table when kubectl
-    asked for one."""
-    objects = local + _other_nodes(request, caller, gateway)
+    asked for one. The nodes that did not answer are named in the list's metadata
+    (`missingNodes`) and in Warning headers, which kubectl prints."""
+    others = _other_nodes(request, caller, gateway)
+    objects = local + others.items
     version = table_version(request.headers.get("accept"))
-    if version is None:
-        return _list(kind, objects)
-    return table(kind, objects, version, include)
+    answer = _list(kind, objects) if version is None else table(kind, objects, version, include)
+    if others.missing:
+        answer["metadata"]["missingNodes"] = [m.as_json() for m in others.missing]
+    # Plain JSON already: FastAPI's own encoder would walk every value of 500 nodes' lists
+    # again (a quarter of a second at 500 nodes of 8 GPUs).
+    response = JSONResponse(answer)
+    for warning in missing_warnings(others.missing):
+        response.headers.append("Warning", warning)
+    return response
 
 
 def _answer_one(request: Request, kind: str, answer: Any, include: IncludeObject) -> Any:
@@ -240,15 +255,28 @@ def _answer_one(request: Request, kind: str, answer: Any, include: IncludeObject
     return table(kind, [answer], version, include)
 
 
-def _other_nodes(request: Request, caller: Identity, gateway: Gateway | None) -> list[Any]:
+@dataclass
+class _Others:
+    items: list[Any] = field(default_factory=list)
+    missing: list[MissingNode] = field(default_factory=list)
+
+
+def _other_nodes(request: Request, caller: Identity, gateway: Gateway | None) -> _Others:
     """The same list from every other agent, unless this request is one of those asks."""
     if gateway is None or request.headers.get(LOCAL_ONLY):
-        return []
-    items: list[Any] = []
-    for answer in gateway.fan_out(caller, request.url.path):
-        if answer.status_code == 200:
-            items += answer.json().get("items", [])
-    return items
+        return _Others()
+    fanned = gateway.fan_out(caller, request.url.path)
+    others = _Others(missing=list(fanned.missing))
+    for node, answer in fanned.answers.items():
+        try:
+            items = answer.json().get("items")
+        except (ValueError, AttributeError):
+            items = None
+        if isinstance(items, list):
+            others.items += items
+        else:
+            others.missing.append(MissingNode(node, "BadAnswer", "the answer is not a list"))
+    return others
 
 
 def _list(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -476,7 +504,8 @@ def list_node_devices(
     include: Include = "Metadata",
 ) -> Any:
     authz.require(caller, "list", resource="nodedevices")
-    items = [_node_devices(listing, listing.node_name or "")]
+    fanned_out = bool(request.headers.get(LOCAL_ONLY))
+    items = [_node_devices(listing, listing.node_name or "", fanned_out)]
     return _answer(request, caller, gateway, "NodeDevices", items, include)
 
 

@@ -204,6 +204,22 @@ class AgentSettings(BaseSettings):
         gt=0,
         description="seconds to wait for another agent's answer (default: holder timeout + 30)",
     )
+    fanout_concurrency: int = Field(
+        default=64, ge=1, le=1024, description="other agents asked at once for a list"
+    )
+    list_timeout: float = Field(
+        default=2.0,
+        gt=0,
+        description="seconds to wait for another agent's part of a list (connect, TLS, "
+        "answer; apart from --agent-timeout, which forwarded mounts wait)",
+    )
+    list_deadline: float = Field(
+        default=10.0,
+        gt=0,
+        le=50,
+        description="seconds a whole list may take; agents that have not answered by then "
+        "are named as missing (well inside the API server's 60 s for an aggregated call)",
+    )
     max_body_bytes: int = Field(
         default=65536, ge=1024, description="largest request body; larger ones get 413"
     )

@@ -8,12 +8,21 @@ authorizes the asserted user itself. Every call has a timeout: a hung agent cost
 the caller `agent_timeout`, never a worker for good. A request
 that was already forwarded is never forwarded again (no loops), and node-local
 root callers (the unix socket) act on their own node only.
+
+A list asks every other agent at once, within bounds of its own (`fan_out`): at most
+--fanout-concurrency agents in flight (shared by all lists), --list-timeout for each,
+--list-deadline for the whole, over keep-alive connections reused from list to list.
+What did not answer is named (agent/fanout.py), never silently left out.
 """
 
 from __future__ import annotations
 
 import logging
 import ssl
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -21,11 +30,22 @@ import httpx
 from agent.auth import Identity, assertion_headers
 from agent.config import AgentSettings
 from agent.errors import Forbidden, NotOnThisNode, UpstreamError
+from agent.fanout import MissingNode, error_reason, plan, status_reason
 from agent.kube.client import KubeClient, PodInfo
+from agent.kube.peers import Peer, agent_peers, gpu_nodes
 
 log = logging.getLogger(__name__)
 LOCAL_ONLY = "x-hotmount-local"
 NODE_LOCAL = ("unix", "anonymous", "static-token")  # identities never asserted to other agents
+GPU_NODES_TTL = 60.0  # seconds the list of GPU nodes (for nodes with no agent) is kept
+
+
+@dataclass
+class FanOut:
+    """The other agents' answers to one list, and the nodes that gave none."""
+
+    answers: dict[str, httpx.Response] = field(default_factory=dict)  # node: its answer
+    missing: list[MissingNode] = field(default_factory=list)
 
 
 class Gateway:
@@ -40,9 +60,25 @@ class Gateway:
         self._http = httpx.Client(
             verify=verify, timeout=httpx.Timeout(answer, connect=min(answer, 5.0))
         )
+        # Lists: their own timeout, and one small client per agent, kept between lists for
+        # its keep-alive connection. One client for all would do, but its pool looks at every
+        # idle connection (a poll each) for every request: quadratic at 500 agents.
+        self._list_tls = (
+            verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context()
+        )
+        self._list_clients: dict[str, httpx.Client] = {}
+        self._list_clients_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(settings.fanout_concurrency, "fan-out")
+        self._gpu_nodes: tuple[float, set[str]] | None = None
+        self._gpu_nodes_lock = threading.Lock()
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._http.close()
+        with self._list_clients_lock:
+            clients, self._list_clients = list(self._list_clients.values()), {}
+        for one in clients:
+            one.close()
 
     def forward(
         self,
@@ -72,21 +108,111 @@ class Gateway:
             raise UpstreamError(f"no running gpu-hotmount agent on node {node}")
         return self._send(agents[0], caller, method, path, params, body)
 
-    def fan_out(self, caller: Identity, path: str) -> list[httpx.Response]:
-        """GET `path` from every other agent, each answering for its own node only."""
+    def fan_out(self, caller: Identity, path: str) -> FanOut:
+        """GET `path` from every other agent at once, each answering for its own node
+        only; the nodes that did not answer (or have no agent) are named."""
         if caller.via in ("gateway", *NODE_LOCAL):
-            return []  # node-local callers (root on the unix socket) see their own node only
-        answers = []
-        for agent in self.kube.agent_pods(
-            self.settings.agent_namespace, self.settings.agent_selector
-        ):
-            if agent.node_name == self.settings.node_name or not agent.pod_ip:
-                continue
+            return FanOut()  # node-local callers (root on the unix socket): their node only
+        started = time.monotonic()
+        peers = agent_peers(self.kube, self.settings.agent_namespace, self.settings.agent_selector)
+        ask, missing = plan(peers, self._recent_gpu_nodes(), self.settings.node_name)
+        self._forget_list_clients({self._url(p.ip or "", p.ports, "") for p in ask})
+        token = self.kube.token()
+        if not token:  # every other node is missing, for one reason: say it, list this one
+            lost = "this agent has no ServiceAccount token to ask other agents with"
+            missing += [MissingNode(p.node or "", "Unreachable", lost) for p in ask]
+            ask = []
+        asked: dict[Future[httpx.Response], Peer] = {
+            self._pool.submit(self._list_one, peer, caller, path, token or ""): peer for peer in ask
+        }
+        deadline = self.settings.list_deadline
+        done, late = wait(asked, timeout=deadline)
+        result = FanOut(missing=missing)
+        for future in late:
+            future.cancel()
+            late_note = f"no answer within the list's deadline of {deadline:g} s"
+            result.missing.append(MissingNode(asked[future].node or "", "Timeout", late_note))
+        for future in done:
+            node = asked[future].node or ""
             try:
-                answers.append(self._send(agent, caller, "GET", path, None, None, local_only=True))
-            except UpstreamError as exc:
-                log.warning("fan-out to %s failed: %s", agent.node_name, exc.message)
-        return answers
+                answer = future.result()
+            except httpx.HTTPError as exc:
+                result.missing.append(MissingNode(node, error_reason(exc), str(exc) or repr(exc)))
+                continue
+            except Exception as exc:  # a pod IP that makes no URL, say: one node, not the list
+                result.missing.append(MissingNode(node, "Unreachable", repr(exc)))
+                continue
+            reason = status_reason(answer.status_code)
+            if reason is None:
+                result.answers[node] = answer
+            else:
+                result.missing.append(MissingNode(node, reason, _status_text(answer)))
+        result.missing.sort(key=lambda m: m.node)
+        log.info(
+            "listed %s for %s from %d other agents in %.2f s; missing %d nodes: %s",
+            path,
+            caller.name,
+            len(result.answers),
+            time.monotonic() - started,
+            len(result.missing),
+            ", ".join(f"{m.node} ({m.reason})" for m in result.missing[:20]),
+        )
+        return result
+
+    def _list_one(self, peer: Peer, caller: Identity, path: str, token: str) -> httpx.Response:
+        headers = [
+            ("authorization", f"Bearer {token}"),
+            (LOCAL_ONLY, "1"),
+            *assertion_headers(caller.user),
+        ]
+        origin = self._url(peer.ip or "", peer.ports, "")
+        client = self._list_client(origin)
+        return client.get(origin + path, headers=headers, extensions=self._sni())
+
+    def _list_client(self, origin: str) -> httpx.Client:
+        with self._list_clients_lock:
+            found = self._list_clients.get(origin)
+            if found is None:
+                found = self._list_clients[origin] = httpx.Client(
+                    verify=self._list_tls,
+                    timeout=httpx.Timeout(self.settings.list_timeout),
+                    limits=httpx.Limits(
+                        max_connections=4, max_keepalive_connections=1, keepalive_expiry=120
+                    ),
+                )
+            return found
+
+    def _forget_list_clients(self, keep: set[str]) -> None:
+        """Close the clients of agents that are gone (a node removed, a pod moved)."""
+        with self._list_clients_lock:
+            gone = [o for o in self._list_clients if o not in keep]
+            closing = [self._list_clients.pop(o) for o in gone]
+        for one in closing:
+            one.close()
+
+    def _recent_gpu_nodes(self) -> set[str]:
+        """The GPU nodes, listed at most once a minute; none when they cannot be listed
+        (then only nodes with an agent pod are named)."""
+        with self._gpu_nodes_lock:
+            now = time.monotonic()
+            if self._gpu_nodes is None or now - self._gpu_nodes[0] > GPU_NODES_TTL:
+                try:
+                    self._gpu_nodes = (now, gpu_nodes(self.kube, self.settings.gpu_resource))
+                except UpstreamError as exc:
+                    log.warning("cannot list nodes to name GPU nodes with no agent: %s", exc)
+                    self._gpu_nodes = (now, set())
+            return self._gpu_nodes[1]
+
+    def _url(self, ip: str, ports: dict[str, int], path: str) -> str:
+        port = ports.get("https") or ports.get("http") or self.settings.agent_port
+        host = f"[{ip}]" if ":" in ip else ip
+        return f"{self.settings.agent_scheme}://{host}:{port}{path}"
+
+    def _sni(self) -> dict[str, Any] | None:
+        # The pod IP is not in the agents' certificates; their Service name is.
+        if self.settings.agent_scheme == "https":
+            return {"sni_hostname": self.settings.agent_server_name}
+        return None
 
     def _send(
         self,
@@ -96,26 +222,25 @@ class Gateway:
         path: str,
         params: list[tuple[str, str]] | None,
         body: Any,
-        local_only: bool = False,
     ) -> httpx.Response:
         token = self.kube.token()
         if not token:
             raise UpstreamError("this agent has no ServiceAccount token to forward with")
-        port = agent.ports.get("https") or agent.ports.get("http") or self.settings.agent_port
-        url = f"{self.settings.agent_scheme}://{agent.pod_ip}:{port}{path}"
+        url = self._url(agent.pod_ip or "", agent.ports, path)
         headers = [("authorization", f"Bearer {token}"), *assertion_headers(caller.user)]
-        if local_only:
-            headers.append((LOCAL_ONLY, "1"))
         log.info("forwarding %s %s for %s to %s", method, path, caller.name, agent.node_name)
-        # The pod IP is not in the agents' certificates; their Service name is.
-        extensions = (
-            {"sni_hostname": self.settings.agent_server_name}
-            if self.settings.agent_scheme == "https"
-            else None
-        )
         try:
             return self._http.request(
-                method, url, params=params, json=body, headers=headers, extensions=extensions
+                method, url, params=params, json=body, headers=headers, extensions=self._sni()
             )
         except httpx.HTTPError as exc:
             raise UpstreamError(f"forwarding to the agent on {agent.node_name}: {exc}") from exc
+
+
+def _status_text(answer: httpx.Response) -> str:
+    """`HTTP 503: <the Status message>`, or the start of whatever body came."""
+    try:
+        message = answer.json().get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"HTTP {answer.status_code}: {message or answer.text[:200]}"

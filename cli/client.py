@@ -414,7 +414,10 @@ class AggregatedTransport(_Base):
             data = self._call("GET", f"{AGGREGATED_PREFIX}/nodedevices/{_segment(node)}")
             return [self._node_devices(data)]
         data = self._call("GET", f"{AGGREGATED_PREFIX}/nodedevices")
-        return [self._node_devices(item) for item in (data.get("items") or [])]
+        from cli.partial import unlisted  # the nodes that did not answer, named by the agent
+
+        listings = [self._node_devices(item) for item in (data.get("items") or [])]
+        return [*listings, *unlisted(data.get("metadata"))]
 
     def _node_devices(self, obj: Any) -> DeviceList:
         listing = self._parse("DeviceList", _status_of(obj), "NodeDevices status")

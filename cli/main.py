@@ -6,6 +6,9 @@ engine in-process (`--local`). Exit codes, for scripts:
 
     0 success   1 error   2 usage or bad request   3 busy or conflict
     4 not found   5 unauthenticated or forbidden (or --local without root)   6 timeout
+
+`nvcli list` exits 0 with the nodes that answered when some did not: each of those is a
+`warning:` line on stderr, and an entry with `unavailable` in `-o json`/`-o yaml`.
 """
 
 from __future__ import annotations
@@ -714,6 +717,10 @@ def list_(
         return
     with make_client(opts) as client:
         result = client.list_devices(node)
+    from cli.partial import warning_lines
+
+    for line in warning_lines(result):
+        typer.echo(line, err=True)
     emit(result, opts)
 
 

@@ -164,9 +164,11 @@ class KubeClient:
     def token(self) -> str | None:
         """This agent's own bearer token (for forwarding to other agents)."""
         auth = self.api.configuration.auth_settings().get("BearerToken")
-        if auth and auth.get("value", "").startswith("Bearer "):
-            return str(auth["value"])[7:]
-        return None
+        # A kubeconfig gives "Bearer <token>"; the in-cluster loader "bearer <token>".
+        scheme, _, token = str((auth or {}).get("value") or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        return token.strip() or None
 
     # -- pods
     def get_pod(self, namespace: str, name: str) -> PodInfo:

@@ -12,7 +12,9 @@ plugin manages every GPU that no slice lists (it cannot say which).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from agent.config import AgentSettings
@@ -47,6 +49,16 @@ class Books:
     slices: dict[str, SliceDevice]  # GPU or MIG UUID to the slice device that lists it
 
 
+RECENT_BOOKS_AGE = 10.0  # seconds
+
+
+@dataclass
+class _Recent:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    books: Books | None = None
+    read_at: float = 0.0
+
+
 @dataclass(frozen=True)
 class Accounting:
     settings: AgentSettings
@@ -54,6 +66,17 @@ class Accounting:
     kube: KubeClient | None
     podresources: PodResourcesClient | None
     resources: ResourceApi | None
+    _recent: _Recent = field(default_factory=_Recent, compare=False, repr=False)
+
+    def recent_books(self) -> Books:
+        """`books(strict=False)` as read at most RECENT_BOOKS_AGE ago: what an agent shows
+        another agent's list, so that a list across 500 nodes is not 500 reads of
+        ResourceSlices and nodes at the API server."""
+        with self._recent.lock:
+            now = time.monotonic()
+            if self._recent.books is None or now - self._recent.read_at > RECENT_BOOKS_AGE:
+                self._recent.books, self._recent.read_at = self.books(strict=False), now
+            return self._recent.books
 
     def books(self, strict: bool = True) -> Books:
         """Each GPU's case. `strict`: a kubelet or API server that cannot answer is an

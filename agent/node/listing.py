@@ -48,14 +48,16 @@ class Listing:
     def node_name(self) -> str | None:
         return self.settings.node_name
 
-    def devices(self) -> DeviceList:
+    def devices(self, recent_books: bool = False) -> DeviceList:
         """One entry per physical device, with everyone who holds it under any name, and
         whose books it is in. A pin shows on the hot-mount it keeps, not again as the
-        kubelet's holder."""
+        kubelet's holder. `recent_books`: the books of the last seconds will do (another
+        agent's list asks; then no call reaches the API server)."""
         hot = self.engine.holders()
         kubelet = self.kubelet.holds()
         pins = self._pins()
-        books = self.accounting.books(strict=False)
+        accounting = self.accounting
+        books = accounting.recent_books() if recent_books else accounting.books(strict=False)
         inventory = self.engine.inventory
         near = {nic: [g.key for g in gpus] for nic, gpus in inventory.nearest_gpus().items()}
         nearest_rdma = {gpu: nic for nic, gpus in near.items() for gpu in gpus}

@@ -501,6 +501,7 @@ class FakeKubeApiServer:
         self._timers: list[threading.Timer] = []
         self._stalls: list[Stall] = []
         self._reviews: list[tuple[str, Obj]] = []
+        self._requests: list[tuple[str, str]] = []  # (method, path with query), as they came
         self._front_proxy: FrontProxy | None = None
         self._proxy_client: httpx.Client | None = None
         self._server: _Server | None = None
@@ -760,6 +761,26 @@ class FakeKubeApiServer:
             self._store["pods"][(namespace, pod["metadata"]["name"])] = pod
             return copy.deepcopy(pod)
 
+    def put_node(self, name: str, gpus: int = 0, labels: Mapping[str, str] | None = None) -> None:
+        """A node with `gpus` of gpu_resource in its capacity (none in the scheduler's pool)."""
+        count = str(gpus)
+        node = {
+            "kind": "Node",
+            "apiVersion": "v1",
+            "metadata": {"name": name, "labels": {HOSTNAME_LABEL: name, **(labels or {})}},
+            "status": {
+                "capacity": {self.gpu_resource: count},
+                "allocatable": {self.gpu_resource: count},
+            },
+        }
+        with self._lock:
+            self._store["nodes"][("", name)] = self._with_metadata(node, "")
+
+    def requests(self) -> list[tuple[str, str]]:
+        """Every request served so far: (method, path with its query)."""
+        with self._lock:
+            return list(self._requests)
+
     def pod(self, namespace: str, name: str) -> Obj | None:
         with self._lock:
             return copy.deepcopy(self._store["pods"].get((namespace, name)))
@@ -832,6 +853,8 @@ class FakeKubeApiServer:
 
     # -- request handling ------------------------------------------------------------
     def _handle(self, h: _Handler) -> None:
+        with self._lock:
+            self._requests.append((h.command, h.path))
         length = int(h.headers.get("Content-Length") or 0)
         raw = h.rfile.read(length) if length else b""
         try:

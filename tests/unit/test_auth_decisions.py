@@ -9,7 +9,7 @@ import pytest
 from agent.auth import Authorizer, Identity
 from agent.config import AgentSettings
 from agent.errors import Forbidden
-from agent.gateway import Gateway
+from agent.gateway import FanOut, Gateway
 from agent.kube.client import PodInfo, UserInfo
 
 
@@ -69,9 +69,10 @@ def test_fan_out_never_carries_a_node_local_identity_to_other_nodes(via: str) ->
     gateway = Gateway(settings, FakeAgents())  # type: ignore[arg-type]
     sent: list[Any] = []
     gateway._send = lambda *args, **kwargs: sent.append(args)  # type: ignore[method-assign]
+    gateway._list_one = lambda *args, **kwargs: sent.append(args)  # type: ignore[method-assign]
     root = Identity(UserInfo("system:node-local:root", ["system:masters"]), via, True)
     try:
-        assert gateway.fan_out(root, "/apis/hotmount.io/v1alpha1/nodedevices") == []
+        assert gateway.fan_out(root, "/apis/hotmount.io/v1alpha1/nodedevices") == FanOut()
     finally:
         gateway.close()
     assert sent == []
