@@ -52,7 +52,7 @@ EXERCISED_ELSEWHERE = {
     ),
     "python3 dist/nvcli.pyz version": ("tests/cli/test_zipapp.py", '"version", "-o", "json"'),
     "kubectl gpu mount --name gpu-pod --mount 0 -n default": (
-        "tests/k8s/test_17_kubectl_gpu.py",
+        "tests/k8s/test_20_kubectl_gpu.py",
         '"mount", "--name", pod, "--mount", "0"',
     ),
     "source <(nvcli completion bash)": (
