@@ -201,6 +201,22 @@ class _Base:
                 ) from exc
         raise error_for(status_from_response(response))
 
+    def _every_node(self) -> list[DeviceList]:
+        """`hotmount.io/v1alpha1` nodedevices: each node's list, the answering agent having
+        asked every other agent, then an entry for each node that did not answer."""
+        data = self._call("GET", f"{AGGREGATED_PREFIX}/nodedevices")
+        from cli.partial import unlisted  # the nodes that did not answer, named by the agent
+
+        listings = [self._node_devices(item) for item in (data.get("items") or [])]
+        return [*listings, *unlisted(data.get("metadata"))]
+
+    def _node_devices(self, obj: Any) -> DeviceList:
+        listing = self._parse("DeviceList", _status_of(obj), "NodeDevices status")
+        name = (obj.get("metadata") or {}).get("name")
+        if listing.node is None and name:
+            listing.node = name
+        return listing
+
     def _parse(self, model: str, data: Any, what: str) -> Any:
         """`data` as the agent model named `model` (agent.schemas, imported here)."""
         from pydantic import ValidationError
@@ -413,18 +429,7 @@ class AggregatedTransport(_Base):
         if node is not None:
             data = self._call("GET", f"{AGGREGATED_PREFIX}/nodedevices/{_segment(node)}")
             return [self._node_devices(data)]
-        data = self._call("GET", f"{AGGREGATED_PREFIX}/nodedevices")
-        from cli.partial import unlisted  # the nodes that did not answer, named by the agent
-
-        listings = [self._node_devices(item) for item in (data.get("items") or [])]
-        return [*listings, *unlisted(data.get("metadata"))]
-
-    def _node_devices(self, obj: Any) -> DeviceList:
-        listing = self._parse("DeviceList", _status_of(obj), "NodeDevices status")
-        name = (obj.get("metadata") or {}).get("name")
-        if listing.node is None and name:
-            listing.node = name
-        return listing
+        return self._every_node()
 
     def pod_names(self, namespace: str) -> list[str]:
         data = self._call("GET", f"/api/v1/namespaces/{_segment(namespace)}/pods",
@@ -582,6 +587,14 @@ class HotmountClient:
     def list_devices(self, node: str | None = None) -> list[DeviceList]:
         """The devices of a node (every node when `node` is None) and who holds each."""
         return self.transport.list_devices(node)
+
+    def list_every_node(self) -> list[DeviceList]:
+        """Every node's devices, also through an agent called directly: it serves the
+        aggregated API's list too, and asks the other agents for the caller (as the API
+        server's call would); nodes that did not answer come last, named."""
+        if isinstance(self.transport, AgentTransport):
+            return self.transport._every_node()
+        return self.transport.list_devices(None)
 
     def pod_names(self, namespace: str) -> list[str]:
         """The namespace's pods, from the API server (shell completion of `--name`); none

@@ -320,12 +320,12 @@ def status(config: Config | None = None) -> PodDevices:
         return client.status(config.namespace, config.pod)
 
 
-def list_gpus(config: Config | None = None) -> DeviceList:
-    """The node's GPUs and who holds each (needs `list` on `nodedevices`)."""
+def list_gpus(config: Config | None = None) -> list[DeviceList]:
+    """Every node's GPUs the caller may see and who holds each (needs `list` on
+    `nodedevices`): this node's agent asks the others; nodes that did not answer last."""
     config = config or Config.from_env()
     with config.client() as client:
-        [listing] = client.list_devices()
-        return listing
+        return client.list_every_node()
 
 
 # -- messages --------------------------------------------------------------------------------
@@ -397,12 +397,21 @@ def _idle_text(device: Any) -> str:
     return text
 
 
-def list_message(listing: DeviceList) -> str:
-    free = [d for d in listing.devices if not d.holders]
-    node = listing.node or "this node"
-    if not free:
-        return f"no free GPU on {node}"
-    return f"free on {node}: " + ", ".join(_gpu(d.key, d.index) for d in free)
+def list_message(listings: list[DeviceList]) -> str:
+    """One line per node: its free GPUs, or why it is not listed."""
+    lines = []
+    for listing in listings:
+        node = listing.node or "this node"
+        unavailable = getattr(listing, "unavailable", None)
+        if unavailable is not None:
+            lines.append(f"{node}: did not answer ({unavailable.reason})")
+            continue
+        free = [d for d in listing.devices if not d.holders and d.kind != "rdma"]
+        if not free:
+            lines.append(f"no free GPU on {node}")
+        else:
+            lines.append(f"free on {node}: " + ", ".join(_gpu(d.key, d.index) for d in free))
+    return "\n".join(lines) or "no node listed"
 
 
 def error_message(exc: BaseException, config: Config | None = None, action: str = "") -> str:

@@ -13,7 +13,8 @@ from cli import notebook
 from cli.notebook import Config
 from tests.agent.conftest import ALICE, BOB, DANA
 from tests.agent.conftest import Cluster as RealCluster
-from tests.support.agent import GPUS
+from tests.fakes.agent_peers import refused_port
+from tests.support.agent import GPUS, agent_pod_manifest
 
 pytestmark = pytest.mark.kernel
 
@@ -24,7 +25,7 @@ def in_pod(real: RealCluster, tmp_path: Path, token: str, pod: str = "nb") -> Co
     sa.mkdir(exist_ok=True)
     (sa / "token").write_text(token)
     (sa / "namespace").write_text("default")
-    [agent] = real.agents
+    agent = real.agents[0]  # the pod's own node's agent (node-a)
     return Config.from_env({"HOSTNAME": pod, "GPU_HOTMOUNT_AGENT": agent.url}, sa)
 
 
@@ -100,3 +101,27 @@ def test_a_gpu_a_process_holds_is_not_detached(real: RealCluster, tmp_path: Path
         holder.kill()
         holder.communicate()
     assert not ok and "is in use in this pod by PID" in err and "restart the kernel" in err
+
+
+def test_gpu_list_shows_every_node_and_names_the_one_that_did_not_answer(
+    real: RealCluster, tmp_path: Path
+) -> None:
+    """The notebook's own node's agent asks the others for it (issue 20): node-b's GPUs
+    are listed too, and a node whose agent refuses is named, not silently left out."""
+    real.pod("nb")
+    real.pod("other")
+    node_a = real.agent("node-a", extra=["--list-timeout", "1"])
+    real.agent("node-b")
+    real.kube.put_pod(agent_pod_manifest("node-refused", refused_port()))
+    with node_a.client(ALICE) as api:
+        taken = api.post("/v1/namespaces/default/pods/other/devices", json={"devices": ["0"]})
+        assert taken.status_code == 200, taken.text
+
+    ok, out, err = gpu("list", in_pod(real, tmp_path, ALICE))  # may list nodedevices
+    assert ok, err
+    lines = out.splitlines()
+    [on_a] = [line for line in lines if line.startswith("free on node-a: ")]
+    [on_b] = [line for line in lines if line.startswith("free on node-b: ")]
+    assert f"GPU 0 ({GPUS[0].uuid})" not in on_a  # other's, on node-a
+    assert f"GPU 0 ({GPUS[0].uuid})" in on_b  # node-b's books are its own
+    assert "node-refused: did not answer (Refused)" in lines
