@@ -18,7 +18,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from agent.errors import Forbidden, PodNotFound, QuotaExceeded, UpstreamError
+from agent.errors import ApiError, Forbidden, PodNotFound, QuotaExceeded, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +263,18 @@ class KubeClient:
         return [_pod_info(p) for p in pods.items]
 
     # -- events
+    def event_on_pod(
+        self, namespace: str, name: str, reason: str, message: str, warning: bool = False
+    ) -> None:
+        """`record_event` on a pod named by namespace and name; best effort too: a pod
+        that is gone, or cannot be read, gets none."""
+        try:
+            pod = self.find_pod(namespace, name)
+        except ApiError:
+            return
+        if pod is not None:
+            self.record_event(pod, reason, message, warning=warning)
+
     def record_event(self, pod: PodInfo, reason: str, message: str, warning: bool = False) -> None:
         """Best effort: an event that cannot be written must not fail the operation."""
         now = datetime.now(UTC)

@@ -363,18 +363,14 @@ class HolderPods:
         pod_name = record.devices[keys[0]].metadata.get("pod")  # the snapshot before
         if self.kube is None or not pod_name:
             return
-        try:
-            pod = self.kube.find_pod(namespace, pod_name)
-        except ApiError:
-            return
-        if pod is not None:
-            self.kube.record_event(
-                pod,
-                "GPUTakenBack",
-                f"took {', '.join(keys)} back: its pin or holder pod {holder} is gone, so the "
-                "kubelet counts the GPU free and may give it to another pod",
-                warning=True,
-            )
+        self.kube.event_on_pod(
+            namespace,
+            pod_name,
+            "GPUTakenBack",
+            f"took {', '.join(keys)} back: its pin or holder pod {holder} is gone, so the "
+            "kubelet counts the GPU free and may give it to another pod",
+            warning=True,
+        )
 
     def collect_orphan_holders(self) -> list[str]:
         """Delete this node's holder pods that no live mount accounts for.

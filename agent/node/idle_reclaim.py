@@ -332,14 +332,8 @@ class IdleReclaim:
         self, entry: DeviceRecord, reason: str, message: str, warning: bool = False
     ) -> None:
         namespace, pod_name = entry.metadata.get("namespace"), entry.metadata.get("pod")
-        if not (namespace and pod_name and self.kube is not None):
-            return
-        try:
-            pod = self.kube.find_pod(namespace, pod_name)
-        except ApiError:
-            return
-        if pod is not None:
-            self.kube.record_event(pod, reason, message, warning=warning)
+        if namespace and pod_name and self.kube is not None:
+            self.kube.event_on_pod(namespace, pod_name, reason, message, warning=warning)
 
     def _device_text(self, key: str) -> str:
         device = self.engine.inventory.get(key)
