@@ -426,15 +426,43 @@ def test_chart_files_parse():
         assert load_file(path)
 
 
-def test_driver_values_reach_the_agent(monkeypatch: pytest.MonkeyPatch):
-    """Unset: the agent's own default and no volume; set: the flags, and the driver root
-    mounted read-only from the host at the path the flag names."""
+def test_the_agent_sees_the_hosts_root_for_the_driver_files(monkeypatch: pytest.MonkeyPatch):
+    """By default the host's / is mounted read-only at /host (HostToContainer: the GPU
+    Operator mounts /run/nvidia/driver later) and the agent resolves a driver root and a
+    CDI spec's hostPaths inside it, so driver.root=/ is the host's own driver."""
     for name in ("NODE_NAME", "POD_NAMESPACE"):
         monkeypatch.delenv(name, raising=False)
-    plain = find(render(), "DaemonSet")
+    daemonset = find(render("driver.root=/"), "DaemonSet")
+    settings = load_settings(agent_argv(daemonset))
+    assert (settings.driver_host_root, settings.driver_root) == (Path("/host"), Path("/"))
+    pod, agent = daemonset["spec"]["template"]["spec"], agent_container(daemonset)
+    volume = next(v for v in pod["volumes"] if v["name"] == "driver-host-root")
+    assert volume["hostPath"] == {"path": "/", "type": "Directory"}
+    mount = next(m for m in agent["volumeMounts"] if m["name"] == "driver-host-root")
+    assert mount == {
+        "name": "driver-host-root", "mountPath": "/host", "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    }  # fmt: skip
+    assert not any(v["name"] == "driver-root" for v in pod["volumes"])
+    for bad in ("/", "host", "/a/../b"):  # never over the agent's own root
+        done = helm("template", "x", str(CHART), "--set", f"driver.hostRoot={bad}", check=False)
+        assert done.returncode != 0 and "driver.hostRoot" in done.stderr, done.stderr
+
+
+def test_driver_values_reach_the_agent(monkeypatch: pytest.MonkeyPatch):
+    """Unset: the agent's own default and no volume; set: the flags, and (without the
+    host view, driver.hostRoot empty) the driver root mounted read-only from the host at
+    the path the flag names."""
+    for name in ("NODE_NAME", "POD_NAMESPACE"):
+        monkeypatch.delenv(name, raising=False)
+    plain = find(render("driver.hostRoot="), "DaemonSet")
     default = load_settings(agent_argv(plain))
     assert (default.inject_driver, default.driver_root) == ("auto", None)
-    daemonset = find(render("driver.inject=always", "driver.root=/run/nvidia/driver"), "DaemonSet")
+    assert default.driver_host_root is None
+    daemonset = find(
+        render("driver.inject=always", "driver.root=/run/nvidia/driver", "driver.hostRoot="),
+        "DaemonSet",
+    )
     settings = load_settings(agent_argv(daemonset))
     assert settings.inject_driver == "always"
     assert settings.driver_root == Path("/run/nvidia/driver")
