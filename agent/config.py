@@ -75,6 +75,15 @@ class AgentSettings(BaseSettings):
         ),
         json_schema_extra={"metavar": "DIR"},
     )
+    driver_host_root: Path | None = Field(
+        default=None,
+        description=(
+            "where the host's / is mounted for the driver's files (the driver root and CDI "
+            "hostPaths are resolved inside it); the chart mounts it at /host (default: "
+            "--host-root)"
+        ),
+        json_schema_extra={"metavar": "DIR"},
+    )
     inject_driver: Literal["auto", "always", "never"] = Field(
         default="auto",
         description=(

@@ -53,6 +53,7 @@ def engine_from(settings: AgentSettings) -> Engine:
             netdev_address_cidrs=tuple(settings.netdev_address_cidr),
             driver_root=str(settings.driver_root) if settings.driver_root else None,
             inject_driver=settings.inject_driver,
+            driver_host_root=settings.driver_host_root,
         )
     )
 

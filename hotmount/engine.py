@@ -76,12 +76,16 @@ class EngineConfig:
     netdev_address_cidrs: tuple[Network, ...] = ()  # where set addresses may lie; empty: none
     driver_root: str | None = None  # where the driver's files are (host path); None: CDI only
     inject_driver: str = "never"  # a mount's default: auto | always | never (docs/driver.md)
+    # where the host's / is seen for the driver's files (driver root, CDI hostPaths):
+    # the chart mounts it at /host; None: host_root
+    driver_host_root: Path | None = None
 
 
 class Engine:
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
         self.host = HostRoot(self.config.host_root)
+        self.driver_host = HostRoot(self.config.driver_host_root or self.config.host_root)
         self.layout: CgroupLayout = detect(self.host)
         self.resolver = ContainerResolver(self.host, self.layout)
         # Strings for the per-operation paths and comparisons (pathlib costs more).
@@ -231,14 +235,14 @@ class Engine:
             return
         try:
             found = driver_sources.driver_set(
-                self.host, self.config.cdi_dirs, self.config.driver_root, devices
+                self.host, self.config.cdi_dirs, self.config.driver_root, devices, self.driver_host
             )
         except DriverUnavailable:
             if with_driver or (with_driver is None and mode == "always"):
                 raise
             yield None, None  # auto: nothing to bring is not an error
             return
-        placer = DriverPlacer(f"{self._proc}/{container.init_pid}", self.host)
+        placer = DriverPlacer(f"{self._proc}/{container.init_pid}", self.driver_host)
         try:
             if (
                 with_driver is None
@@ -668,7 +672,7 @@ class Engine:
 
     @contextlib.contextmanager
     def _placer(self, container: Container) -> Iterator[DriverPlacer]:
-        placer = DriverPlacer(f"{self._proc}/{container.init_pid}", self.host)
+        placer = DriverPlacer(f"{self._proc}/{container.init_pid}", self.driver_host)
         try:
             yield placer
         finally:

@@ -93,6 +93,9 @@ class Intent(BaseModel):
     owner: dict[str, str]
     devices: dict[str, DeviceRecord]
     saved_at: str
+    # whether it had the driver's files: its successor gets them again, or not, whatever
+    # the node's default (None: an intent saved before this was kept)
+    with_driver: bool | None = None
 
 
 class PendingOp(BaseModel):

@@ -19,6 +19,7 @@ carried over.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
@@ -30,7 +31,7 @@ from agent.node.locks import ContainerLocks
 from agent.node.results import ONCE, POD_UID, record_event
 from hotmount import engine as eng
 from hotmount.claims import HOLDER_KEYS
-from hotmount.errors import HotmountError
+from hotmount.errors import DriverUnavailable, HotmountError
 from hotmount.ledger import ContainerRecord, DeviceRecord, Intent, now
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,9 @@ class Remounts:
             if owner is None or not kept:
                 continue
             key = f"{owner[POD_UID]}/{owner['container']}"
-            intent = Intent(key=key, owner=owner, devices=kept, saved_at=now())
+            intent = Intent(
+                key=key, owner=owner, devices=kept, saved_at=now(), with_driver=bool(record.driver)
+            )
             self.engine.ledger.save_intent(intent)
             log.info("keeping %s of %s for its container's successor", list(record.devices), key)
 
@@ -89,7 +92,7 @@ class Remounts:
         if not container.running or not new_id or new_id == owner.get("containerId"):
             return False  # its successor is not running yet
         with self.locks.hold(new_id):
-            mounted = self._mount(new_id, info, intent.devices)
+            mounted = self._mount(new_id, info, intent.devices, intent.with_driver)
         self.engine.ledger.delete_intent(intent.key)
         names = ", ".join(mounted)
         record_event(
@@ -102,10 +105,16 @@ class Remounts:
         return True
 
     def _mount(
-        self, container_id: str, pod: PodInfo, devices: dict[str, DeviceRecord]
+        self,
+        container_id: str,
+        pod: PodInfo,
+        devices: dict[str, DeviceRecord],
+        with_driver: bool | None = None,
     ) -> list[str]:
         """The same devices, each with its own metadata (pin, holder, idle timeout), by
-        the group they shared with; RDMA devices ride with the GPUs they came with."""
+        the group they shared with; RDMA devices ride with the GPUs they came with; the
+        driver's files if the dead container had them (and only then). Where they are
+        gone from the node since, the devices come back with the node's default."""
         riders = [k for k, d in devices.items() if d.with_devices]
         # Whom the claims name (a refusal tells another tenant who holds the GPU).
         first = next(iter(devices.values())).metadata
@@ -116,7 +125,8 @@ class Remounts:
                 by_share[device.shared_with].append(key)
         mounted: list[str] = []
         for index, (share, keys) in enumerate(by_share.items()):
-            result = self.engine.mount(
+            mount = functools.partial(
+                self.engine.mount,
                 container_id,
                 keys,
                 metadata=holder,
@@ -125,6 +135,11 @@ class Remounts:
                 rdma=riders if index == 0 and riders else None,
                 device_metadata={k: d.metadata for k, d in devices.items()},
             )
+            try:
+                result = mount(with_driver=with_driver)
+            except DriverUnavailable as exc:
+                log.warning("the driver's files cannot come back (%s): the node's default", exc)
+                result = mount()
             mounted += [m.key for m in result.mounted + result.already_mounted]
         return mounted
 

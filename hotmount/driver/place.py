@@ -40,27 +40,58 @@ _CACHE_BYTES = 16 << 20
 
 
 class HostSources:
-    """Host files, each opened inside its own root (the host's `/` or a driver root)."""
+    """Host files, each opened inside its own root (the host's `/` or a driver root).
+
+    `host` is where the agent sees the host's `/` (the chart mounts it at /host): a
+    source root is resolved inside it with openat2(RESOLVE_IN_ROOT), so a driver root
+    that is a symlink on the host (`/run/nvidia/driver -> ...`) is followed as the host
+    would, and never to a file of the agent's own container."""
 
     def __init__(self, host: HostRoot) -> None:
         self.host = host
+        self._host_fd: int | None = None
         self._roots: dict[str, int] = {}
 
     def close(self) -> None:
         for fd in self._roots.values():
             os.close(fd)
         self._roots = {}
+        if self._host_fd is not None:
+            os.close(self._host_fd)
+            self._host_fd = None
+
+    def root(self, source_root: str) -> int:
+        """An O_PATH fd of a source root (a host path), resolved inside the host's `/`."""
+        root = self._roots.get(source_root)
+        if root is not None:
+            return root
+        try:
+            if self._host_fd is None:
+                self._host_fd = os.open(self.host.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            root = openat2(
+                self._host_fd, source_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, _RESOLVE
+            )
+        except OSError as exc:
+            raise DriverRefused(f"driver root {source_root}: {exc.strerror}") from exc
+        self._roots[source_root] = root
+        return root
+
+    def listing(self, source_root: str, directory: str) -> list[str] | None:
+        """The entry names of a directory inside a source root; None where it is absent
+        or is itself a symlink (usrmerge's /lib: the same files by another name)."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = openat2(self.root(source_root), directory, flags, _RESOLVE)
+        except (OSError, DriverRefused):  # no such root (yet) or directory: nothing there
+            return None
+        try:
+            return sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
 
     def open(self, file: DriverFile) -> int:
         """An O_PATH fd of a bind's source: a regular file or a directory."""
-        root = self._roots.get(file.source_root)
-        if root is None:
-            path = self.host.path(file.source_root)
-            try:
-                root = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError as exc:
-                raise DriverRefused(f"driver root {file.source_root}: {exc.strerror}") from exc
-            self._roots[file.source_root] = root
+        root = self.root(file.source_root)
         try:
             fd = openat2(root, file.source, os.O_PATH | os.O_CLOEXEC, _RESOLVE)
         except OSError as exc:

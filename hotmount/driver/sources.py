@@ -17,7 +17,7 @@ from hotmount.devices import cdi
 from hotmount.devices.model import Device, DeviceKind
 from hotmount.driver import files
 from hotmount.driver.files import DriverFile, DriverSet
-from hotmount.driver.place import DriverPlacer
+from hotmount.driver.place import DriverPlacer, HostSources
 from hotmount.errors import DriverUnavailable
 from hotmount.hostfs import HostRoot
 
@@ -37,8 +37,14 @@ class DriverPlan:
 
 
 def driver_set(
-    host: HostRoot, cdi_dirs: tuple[str, ...], driver_root: str | None, devices: list[Device]
+    host: HostRoot,
+    cdi_dirs: tuple[str, ...],
+    driver_root: str | None,
+    devices: list[Device],
+    sources_host: HostRoot | None = None,
 ) -> DriverSet:
+    """`host`: where the CDI specs are read; `sources_host`: where the host's `/` is seen
+    for the files themselves (default: `host`)."""
     specs = _specs(host, cdi_dirs)
     edits: list[dict[str, Any]] = []
     origins = []
@@ -57,7 +63,7 @@ def driver_set(
     if found.binds:
         return found
     if driver_root is not None:
-        return _from_root(host, driver_root)
+        return _from_root(sources_host or host, driver_root)
     gpus = [d for d in devices if d.kind in (DeviceKind.GPU, DeviceKind.MIG)]
     for path, spec in specs if gpus else []:
         if spec.get("kind") == NVIDIA_KIND and (spec.get("containerEdits") or {}).get("mounts"):
@@ -83,17 +89,17 @@ def _specs(host: HostRoot, cdi_dirs: tuple[str, ...]) -> list[tuple[str, dict[st
     return found
 
 
-def _from_root(host: HostRoot, root: str) -> DriverSet:
-    base = host.path(root)
-    listing = {}
-    for directory in (*files.library_dirs(), *files.TOOL_DIRS):
-        path = base / directory.lstrip("/")
-        # A directory reached through a symlink is the same one by another name (usrmerge):
-        # its files are listed once, under their own path.
-        if path.is_dir() and not path.is_symlink():
-            listing[directory] = sorted(os.listdir(path))
-    firmware_dir = base / "lib/firmware/nvidia"
-    firmware = sorted(os.listdir(firmware_dir)) if firmware_dir.is_dir() else []
+def _from_root(sources_host: HostRoot, root: str) -> DriverSet:
+    sources = HostSources(sources_host)
+    try:
+        listing = {}
+        for directory in (*files.library_dirs(), *files.TOOL_DIRS):
+            names = sources.listing(root, directory)
+            if names is not None:
+                listing[directory] = names
+        firmware = sources.listing(root, "/lib/firmware/nvidia") or []
+    finally:
+        sources.close()
     return files.from_driver_root(root, listing, firmware, nvml_driver_version())
 
 

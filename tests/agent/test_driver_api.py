@@ -30,12 +30,18 @@ def driver_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return stand_in.build_root(tmp_path_factory.mktemp("driver"))
 
 
-def plain_pod(cluster: Cluster, name: str = "nb") -> RuncContainer:
-    """A pod whose image has a glibc and no NVIDIA file, started without any runtime help."""
-    rootfs = make_rootfs(cluster.workdir / f"image-{name}")
+def plain_rootfs(directory: Path) -> Path:
+    """A plain image's root: busybox and a glibc, no NVIDIA file."""
+    rootfs = make_rootfs(directory)
     stand_in.add_glibc(rootfs)
     (rootfs / "etc").mkdir()
     nvml.write_config(rootfs / "etc/fake-gpus.conf", [nvml.FakeGpu(UUID, "0000:3b:00.0", 0)])
+    return rootfs
+
+
+def plain_pod(cluster: Cluster, name: str = "nb") -> RuncContainer:
+    """A pod whose image has a glibc and no NVIDIA file, started without any runtime help."""
+    rootfs = plain_rootfs(cluster.workdir / f"image-{name}")
     container = RuncContainer(cluster.workdir, rootfs, "v2")
     cluster.containers.append(container)
     cluster.kube.put_pod(pod_manifest(name, container))

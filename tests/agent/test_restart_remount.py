@@ -8,12 +8,16 @@ status in the fake API server names the new container, as the kubelet would repo
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from tests.agent.conftest import ALICE, Cluster
 from tests.agent.test_accounting import pins_of
+from tests.agent.test_driver_api import plain_pod, plain_rootfs, smi
 from tests.agent.test_idle_reclaim import wait_passes
+from tests.fakes import driver as stand_in
+from tests.fakes import nvml
 from tests.support.agent import GPUS, pod_manifest
 from tests.support.runc import RuncContainer
 from tests.support.waiting import wait_for
@@ -24,11 +28,13 @@ NVIDIA0 = f"/dev/nvidia{GPU0.minor}"
 MOUNTS = "/v1/namespaces/default/pods/nb/devices"
 
 
-def restart(cluster: Cluster, pod: str, old: RuncContainer, running: bool = True) -> RuncContainer:
+def restart(
+    cluster: Cluster, pod: str, old: RuncContainer, running: bool = True, rootfs: Path | None = None
+) -> RuncContainer:
     """`old` dies; a new container takes its place in the pod (Running, or waiting in a
-    crash-loop back-off when not `running`)."""
+    crash-loop back-off when not `running`), from the same image (`rootfs`)."""
     old.stop()
-    new = RuncContainer(cluster.workdir, cluster.rootfs, "v2")
+    new = RuncContainer(cluster.workdir, rootfs or cluster.rootfs, "v2")
     cluster.containers.append(new)
     manifest = cluster.kube.pod("default", pod)
     assert manifest is not None
@@ -212,3 +218,37 @@ def test_a_mount_asked_once_is_not_carried_across_a_restart(cluster: Cluster) ->
     wait_passes(agent, 2)
     assert new.open_result(NVIDIA0) == "ENOENT"
     assert not cluster.events("GPURemounted")
+
+
+@pytest.mark.skipif(nvml.gcc() is None, reason="gcc builds the stand-in driver")
+@pytest.mark.parametrize(
+    ("with_driver", "node_default"), [(True, "never"), (False, "always")], ids=["had", "had-not"]
+)
+def test_a_restarted_container_gets_the_driver_files_again_as_its_first_mount_had_them(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory, with_driver: bool, node_default: str
+) -> None:
+    """The first mount's withDriver, not the node's default, decides for the successor:
+    with the default `never` it still gets them back, with `always` it gets none."""
+    driver_root = stand_in.build_root(tmp_path_factory.mktemp("driver"))
+    old = plain_pod(cluster)
+    agent = cluster.agent(
+        extra=["--driver-root", str(driver_root), "--inject-driver", node_default]
+    )
+    with agent.client(ALICE) as api:
+        made = api.post(MOUNTS, json={"devices": ["0"], "withDriver": with_driver})
+        assert made.status_code == 200, made.text
+    assert (smi(old)[0] == 0) is with_driver
+
+    # a new container has a new root from the same image, as the runtime's snapshot is
+    new = restart(cluster, "nb", old, rootfs=plain_rootfs(cluster.workdir / "image-nb-again"))
+    wait_for(
+        lambda: new.open_result(NVIDIA0) == "ENXIO",
+        "the next reconcile mounts GPU 0 into the new container",
+        show=lambda: new.open_result(NVIDIA0),
+    )
+
+    code, out = smi(new)
+    assert (code == 0) is with_driver, out
+    with agent.client(ALICE) as api:
+        [container] = api.get(MOUNTS).json()["containers"]
+    assert container["containerId"] == new.id

@@ -426,14 +426,52 @@ def test_chart_files_parse():
         assert load_file(path)
 
 
+def test_the_agent_sees_the_hosts_root_for_the_driver_files(monkeypatch: pytest.MonkeyPatch):
+    """driver.hostRoot=/host: the host's / mounted read-only there (HostToContainer: the
+    GPU Operator mounts /run/nvidia/driver later; None where the host's / is private) and
+    the agent resolves a driver root and a CDI spec's hostPaths inside it, so
+    driver.root=/ is the host's own driver. Off by default: no such mount."""
+    for name in ("NODE_NAME", "POD_NAMESPACE"):
+        monkeypatch.delenv(name, raising=False)
+    plain = find(render(), "DaemonSet")
+    assert load_settings(agent_argv(plain)).driver_host_root is None
+    assert not any(
+        v["name"] == "driver-host-root" for v in plain["spec"]["template"]["spec"]["volumes"]
+    )
+    daemonset = find(render("driver.root=/", "driver.hostRoot=/host"), "DaemonSet")
+    settings = load_settings(agent_argv(daemonset))
+    assert (settings.driver_host_root, settings.driver_root) == (Path("/host"), Path("/"))
+    pod, agent = daemonset["spec"]["template"]["spec"], agent_container(daemonset)
+    volume = next(v for v in pod["volumes"] if v["name"] == "driver-host-root")
+    assert volume["hostPath"] == {"path": "/", "type": "Directory"}
+    mount = next(m for m in agent["volumeMounts"] if m["name"] == "driver-host-root")
+    assert mount == {
+        "name": "driver-host-root", "mountPath": "/host", "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    }  # fmt: skip
+    assert not any(v["name"] == "driver-root" for v in pod["volumes"])
+    private = find(render("driver.hostRoot=/host", "driver.hostRootPropagation=None"), "DaemonSet")
+    [mount] = [
+        m for m in agent_container(private)["volumeMounts"] if m["name"] == "driver-host-root"
+    ]
+    assert mount["mountPropagation"] == "None"
+    for bad in ("driver.hostRoot=/", "driver.hostRoot=host", "driver.hostRoot=/a/../b",
+                "driver.hostRootPropagation=Bidirectional"):  # fmt: skip
+        done = helm("template", "x", str(CHART), "--set", "driver.hostRoot=/host", "--set", bad,
+                    check=False)  # fmt: skip
+        assert done.returncode != 0 and "driver.hostRoot" in done.stderr, (bad, done.stderr)
+
+
 def test_driver_values_reach_the_agent(monkeypatch: pytest.MonkeyPatch):
-    """Unset: the agent's own default and no volume; set: the flags, and the driver root
-    mounted read-only from the host at the path the flag names."""
+    """Unset: the agent's own default and no volume; set: the flags, and (without
+    driver.hostRoot) the driver root mounted read-only from the host at the path the flag
+    names."""
     for name in ("NODE_NAME", "POD_NAMESPACE"):
         monkeypatch.delenv(name, raising=False)
     plain = find(render(), "DaemonSet")
     default = load_settings(agent_argv(plain))
     assert (default.inject_driver, default.driver_root) == ("auto", None)
+    assert default.driver_host_root is None
     daemonset = find(render("driver.inject=always", "driver.root=/run/nvidia/driver"), "DaemonSet")
     settings = load_settings(agent_argv(daemonset))
     assert settings.inject_driver == "always"

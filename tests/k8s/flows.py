@@ -95,6 +95,7 @@ class Release:
     node: Node
     gpus: Gpus
     hardened: bool = False
+    driver: dict[str, Any] = field(default_factory=dict)  # the chart's driver.* values
     values_file: Path = field(init=False)
 
     def values(self) -> dict[str, Any]:
@@ -120,6 +121,7 @@ class Release:
                 # GPU utilization the tests write (issue 20); no file: every GPU is idle
                 {"name": "FAKE_NVML_ACTIVITY", "value": f"{NVML_MOUNT}/{NVML_ACTIVITY}"},
             ],
+            **({"driver": self.driver} if self.driver else {}),
         }
 
     def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -143,8 +145,18 @@ class Release:
     def set_hardened(self, hardened: bool) -> None:
         if hardened == self.hardened:
             return
-        before = self.agent_pod()
         self.hardened = hardened
+        self.upgrade()
+
+    def set_driver(self, driver: dict[str, Any]) -> None:
+        """The chart's driver.* values (flow 18); {}: the chart's defaults."""
+        if driver != self.driver:
+            self.driver = driver
+            self.upgrade()
+
+    def upgrade(self) -> None:
+        """`helm upgrade` with values() as they are now; the new agent pod Ready."""
+        before = self.agent_pod()
         self.values_file.write_text(yaml.safe_dump(self.values()))
         self.helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(self.values_file))
         wait_for("the old agent pod is gone", lambda: self.agent_pod() != before, 120)
