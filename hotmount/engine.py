@@ -30,6 +30,7 @@ from hotmount.driver import steps as driver_steps
 from hotmount.driver.place import DriverPlacer
 from hotmount.errors import (
     ContainerNotFound,
+    DriverRefused,
     DriverUnavailable,
     HotmountError,
     NotInContainer,
@@ -191,8 +192,8 @@ class Engine:
                     except BaseException:
                         for device in new:
                             self.ledger.release(device.key, container.key)
-                        if placer is not None:
-                            driver_steps.remove_all(placer, adding)
+                        if placer is not None:  # a failure here must not skip the undo
+                            _quietly(driver_steps.remove_all, placer, adding)
                         self._undo_mount(record, pending, created, fs)
                         raise
             for node_record in pending:
@@ -244,14 +245,21 @@ class Engine:
             return
         placer = DriverPlacer(f"{self._proc}/{container.init_pid}", self.driver_host)
         try:
-            if (
-                with_driver is None
-                and mode == "auto"
-                and not (driver_sources.container_needs_driver(placer))
-            ):
+            unasked = with_driver is None and mode == "auto"
+            needed = driver_sources.container_needs_driver
+            if unasked and (not needed(placer) or placer.read_only()):
                 yield None, None
                 return
-            yield placer, driver_sources.plan_for(found, placer)
+            try:
+                plan = driver_sources.plan_for(found, placer)
+            except (DriverRefused, UnsafePath) as exc:
+                if not unasked:
+                    raise
+                # Nobody asked for the files: the GPU still comes, without them.
+                log.warning("not bringing the driver's files into %s: %s", container.key, exc)
+                yield None, None
+                return
+            yield placer, plan
         finally:
             placer.close()
 

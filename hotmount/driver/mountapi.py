@@ -32,6 +32,7 @@ AT_RECURSIVE = 0x8000
 MOVE_MOUNT_F_EMPTY_PATH = 0x04
 MOVE_MOUNT_T_EMPTY_PATH = 0x40
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
+MS_PRIVATE = 1 << 18  # include/uapi/linux/mount.h
 MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
 CLONE_NEWNS = 0x00020000
 CLONE_FS = 0x00000200
@@ -60,7 +61,11 @@ def readonly_copy(source_fd: int) -> int:
     """A detached, read-only (nosuid, nodev) bind of the file or directory `source_fd`."""
     flags = OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH
     tree = _check(_libc.syscall(SYS_OPEN_TREE, source_fd, b"", flags), "open_tree")
-    attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+    # Private: a clone of a shared source would join its peer group, and a mount the
+    # container made over its copy would propagate onto the host's own file.
+    attr = _MountAttr(
+        attr_set=MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, propagation=MS_PRIVATE
+    )
     try:
         _check(
             _libc.syscall(

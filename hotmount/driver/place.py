@@ -154,17 +154,50 @@ class DriverPlacer:
         return {f"{d}/{name}" for d in library_dirs() if self._lstat(d, name) is not None}
 
     def ld_cache(self) -> bytes | None:
-        """The container's /etc/ld.so.cache, read (never written, never run)."""
+        """The container's /etc/ld.so.cache, read (never written, never run).
+
+        The container decides what is there: a FIFO would block an open forever, and a
+        device node opened by root on the host side bypasses the container's devices
+        cgroup (a watchdog starts on open; a pty slave becomes a controlling terminal).
+        So it is looked at through an O_PATH fd, which opens nothing, and only a regular
+        file is then opened (through that fd: the same inode), non-blocking, no tty."""
         try:
-            fd = openat2(self.fs.root_fd, "/etc/ld.so.cache", os.O_RDONLY | os.O_CLOEXEC, _RESOLVE)
+            path_fd = openat2(self.fs.root_fd, "/etc/ld.so.cache", os.O_PATH | os.O_CLOEXEC,
+                              _RESOLVE)  # fmt: skip
         except OSError:
             return None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            seen = os.fstat(path_fd)
+            if not stat.S_ISREG(seen.st_mode):
+                return None
+            flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+            fd = os.open(f"/proc/self/fd/{path_fd}", flags)
+        except OSError:
+            return None
+        finally:
+            os.close(path_fd)
+        try:
+            now = os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino):
                 return None
             return os.read(fd, _CACHE_BYTES)
         finally:
             os.close(fd)
+
+    def read_only(self) -> bool:
+        """Whether the container's root, or the directory of its libc, is mounted
+        read-only: nothing can be placed there (`auto` then brings nothing)."""
+        fds = [self.fs.root_fd]
+        libc = self.libc_dir()
+        if libc is not None:
+            with contextlib.suppress(UnsafePath, KernelError):
+                found = self.fs.directory(libc, create=False)
+                if found is not None:
+                    fds.append(found)
+        try:
+            return any(os.fstatvfs(fd).f_flag & os.ST_RDONLY for fd in fds)
+        except OSError:
+            return False
 
     def state(self, file: DriverFile) -> str:
         parent, name = posixpath.split(file.path)

@@ -8,7 +8,9 @@ ld.so.conf.d pointing at the host, a read-only root) change nothing outside."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -316,3 +318,70 @@ def test_the_engine_cli_mounts_with_the_driver_from_a_driver_root(
     gone = engine_cli(cdi, tmp_path / "state", "unmount", *args)
     assert gone.returncode == 0, gone.stderr
     assert _smi(container)[0] != 0
+
+
+@pytest.mark.parametrize("kind", ["fifo", "char-device"])
+def test_an_ld_so_cache_that_is_no_file_is_never_opened(
+    engine: Engine, run_container, tmp_path: Path, kind: str
+) -> None:
+    """A FIFO would hang the agent's open for good (with the container's lock held); a
+    device node opened by root on the host side would bypass the devices cgroup (a
+    watchdog starts on open). Both are looked at, never opened, and auto goes on."""
+    auto = Engine(EngineConfig(**{**engine.config.__dict__, "inject_driver": "auto"}))
+    rootfs = _rootfs(tmp_path / "image")
+    cache = rootfs / "etc" / "ld.so.cache"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(cache)
+    else:
+        os.mknod(cache, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    container = run_container(rootfs)
+
+    result = auto.mount(container.id, [GPU])  # an open of a FIFO would never return
+
+    assert result.driver is not None
+    assert (rootfs / LIB.lstrip("/") / f"libcuda.so.{stand_in.VERSION}").exists()
+    if kind != "fifo":  # the container's own loader would block on its FIFO
+        assert _smi(container)[0] == 0
+    auto.unmount(container.id)
+
+
+def test_auto_into_a_read_only_root_mounts_the_gpu_without_the_files(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    """Nobody asked for the files: a read-only root still gets its GPU."""
+    auto = Engine(EngineConfig(**{**engine.config.__dict__, "inject_driver": "auto"}))
+    container = run_container(_rootfs(tmp_path / "image"), readonly=True)
+
+    result = auto.mount(container.id, [GPU])
+
+    assert result.driver is None and [m.key for m in result.mounted]
+    assert "nvidia0" in container.ls_dev()
+    auto.unmount(container.id)
+
+
+@pytest.fixture
+def shared_driver_root(driver_root: Path) -> Iterator[Path]:
+    """The driver's files on a shared mount, as under systemd's `/` (this machine's `/`
+    is private, so the test makes one)."""
+    subprocess.run(["mount", "--bind", str(driver_root), str(driver_root)], check=True)
+    try:
+        subprocess.run(["mount", "--make-shared", str(driver_root)], check=True)
+        yield driver_root
+    finally:
+        subprocess.run(["umount", "-l", str(driver_root)], check=False)
+
+
+def test_the_bound_files_are_private_mounts_never_peers_of_the_host(
+    engine: Engine, run_container, tmp_path: Path, shared_driver_root: Path
+) -> None:
+    """A clone of a shared source would join the host's peer group: a mount the
+    container makes over its copy would then reach the host's own file."""
+    container = run_container(_rootfs(tmp_path / "image"))
+    engine.mount(container.id, [GPU], with_driver=True)
+    target = f"{LIB}/libcuda.so.{stand_in.VERSION}"
+    mountinfo = Path(f"/proc/{container.pid}/mountinfo").read_text().splitlines()
+    [line] = [entry for entry in mountinfo if entry.split()[4] == target]
+    optional = line.split(" - ")[0].split()[6:]
+    assert not any(tag.startswith(("shared:", "master:")) for tag in optional), line
+    engine.unmount(container.id)
