@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client, config
 
+from agent.gateway import GPU_NODES_TTL
 from tests.k8s import flows
 from tests.k8s.flows import NAMESPACE, NVML_GPUS
 from tests.k8s.node.cluster import NODE_NAME, Node
@@ -75,7 +77,15 @@ def test_an_unreachable_agent_and_an_agentless_gpu_node_are_named(
     node: Node, ghosts: tuple[str, str]
 ) -> None:
     unreachable, agentless = ghosts
-    listed = flows.nvcli(node, "admin", "list")
+
+    def names_the_agentless_node() -> Any:
+        listed = flows.nvcli(node, "admin", "list")
+        return listed if f"node {agentless} did not answer" in listed.stderr else None
+
+    # Agent pods are read on each list, the GPU nodes once a minute (GPU_NODES_TTL): an
+    # earlier list in this tier may have read them before the ghost nodes were made.
+    listed = flows.wait_for("a list names the agentless node", names_the_agentless_node,
+                            GPU_NODES_TTL + 60, every=5)  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     assert NODE_NAME in listed.stdout
     for gpu in NVML_GPUS:
