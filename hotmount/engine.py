@@ -428,21 +428,27 @@ class Engine:
         leaving: list[NodeRecord],
         force: bool,
     ) -> list[int]:
-        numbers = {(n.major, n.minor) for n in leaving}
-        for key in targets:
-            for path in record.devices[key].node_paths:
-                if path in record.nodes:
-                    numbers.add((record.nodes[path].major, record.nodes[path].minor))
-        uuids = [d.uuid for k in targets if (d := self.inventory.get(k)) and d.uuid]
+        """Nothing may hold what leaves: the nodes that leave (a shared control node such
+        as nvidiactl only with the last device that uses it) and, by NVML, the leaving
+        GPUs. `force` stops those holders, but never one that also holds a staying
+        device's own node or has an NVML context on a staying GPU (HeldWithStayingDevices)."""
+        staying = [k for k in record.devices if k not in targets]
+        own = {k: d.nodes for k in staying if (d := self.inventory.get(k)) is not None}
+        nvml = self.config.use_nvml
         return usage.clear_holders(
             self.host.proc,
             container.key,
             container.pids,
-            numbers,
-            uuids if self.config.use_nvml else [],
+            {(n.major, n.minor) for n in leaving},
+            self._uuids(targets) if nvml else [],
             force=force,
             grace=self.config.stop_grace,
+            staying_numbers=plan.kept_numbers(record, targets, own),
+            staying_uuids=self._uuids(staying) if nvml else [],
         )
+
+    def _uuids(self, keys: list[str]) -> list[str]:
+        return [d.uuid for k in keys if (d := self.inventory.get(k)) and d.uuid]
 
     def _apply_unmount(
         self,
