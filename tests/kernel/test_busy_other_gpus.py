@@ -137,3 +137,17 @@ def test_force_never_stops_a_process_that_also_uses_a_gpu_that_stays(
     result = engine.unmount(mounted.id, [G0, G1], force=True)
     assert result.stopped_pids == [holder.pid]
     wait_for(lambda: both.poll() is not None, "the end of the process")
+
+
+def test_a_take_back_stops_a_process_on_both_gpus(
+    engine: Engine, mounted: RuncContainer, hold: Hold
+) -> None:
+    """A take-back (the kubelet gave the GPU to another pod, or counts it free) must take
+    it: `spare_staying=False` stops even a process that also uses the GPU that stays."""
+    both = hold("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl")
+
+    result = engine.unmount(mounted.id, [G0], force=True, spare_staying=False)
+
+    assert result.unmounted == [G0] and len(result.stopped_pids) == 1
+    wait_for(lambda: both.poll() is not None, "the end of the process")
+    assert mounted.open_result("/dev/nvidia1") == "OK"
