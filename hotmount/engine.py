@@ -370,7 +370,12 @@ class Engine:
         ref: str | ContainerRef | Container,
         device_refs: list[str] | None = None,
         force: bool = False,
+        *,
+        spare_staying: bool = True,
     ) -> UnmountResult:
+        """`force` stops the leaving devices' holders; with `spare_staying` (the default)
+        never one that also uses a device that stays (HeldWithStayingDevices). A take-back
+        (the books are wrong: the GPU is another pod's) passes False."""
         container, alive = self._enter(ref)
         with alive, self.ledger.lock(container.key):
             record = self._record_for(container, alive.start_time)
@@ -382,7 +387,7 @@ class Engine:
             if not targets:
                 return UnmountResult(container.as_dict(), [], missing, [], [])
             leaving = plan.nodes_to_remove(record, targets)
-            stopped = self._check_use(container, record, targets, leaving, force)
+            stopped = self._check_use(container, record, targets, leaving, force, spare_staying)
             staying = [k for k in record.devices if k not in targets]
             record.pending = PendingOp(
                 op="unmount",
@@ -427,22 +432,30 @@ class Engine:
         targets: list[str],
         leaving: list[NodeRecord],
         force: bool,
+        spare_staying: bool,
     ) -> list[int]:
-        numbers = {(n.major, n.minor) for n in leaving}
-        for key in targets:
-            for path in record.devices[key].node_paths:
-                if path in record.nodes:
-                    numbers.add((record.nodes[path].major, record.nodes[path].minor))
-        uuids = [d.uuid for k in targets if (d := self.inventory.get(k)) and d.uuid]
+        """Nothing may hold what leaves: the nodes that leave (a shared control node such
+        as nvidiactl only with the last device that uses it) and, by NVML, the leaving
+        GPUs. `force` stops those holders, but with `spare_staying` never one that also
+        holds a staying device's own node or has an NVML context on a staying GPU."""
+        staying = [k for k in record.devices if k not in targets]
+        own = {k: d.nodes for k in staying if (d := self.inventory.get(k)) is not None}
+        kept = plan.kept_numbers(record, targets, own) if spare_staying else set()
+        nvml = self.config.use_nvml
         return usage.clear_holders(
             self.host.proc,
             container.key,
             container.pids,
-            numbers,
-            uuids if self.config.use_nvml else [],
+            {(n.major, n.minor) for n in leaving},
+            self._uuids(targets) if nvml else [],
             force=force,
             grace=self.config.stop_grace,
+            staying_numbers=kept,
+            staying_uuids=self._uuids(staying) if nvml and spare_staying else [],
         )
+
+    def _uuids(self, keys: list[str]) -> list[str]:
+        return [d.uuid for k in keys if (d := self.inventory.get(k)) and d.uuid]
 
     def _apply_unmount(
         self,
