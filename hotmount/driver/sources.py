@@ -137,6 +137,10 @@ def plan_for(found: DriverSet, placer: DriverPlacer) -> DriverPlan:
         env.setdefault("LD_LIBRARY_PATH", ":".join(folders))
     if libc_dir is None:
         notes.append("the container has no libc.so.6 in a default linker directory")
+    if found.ignored_mounts:
+        notes.append(
+            "not bound, not a driver library, tool or firmware: " + ", ".join(found.ignored_mounts)
+        )
     return DriverPlan(found.binds + links, env, found.origin, found.ignored_hooks, notes)
 
 
