@@ -21,6 +21,7 @@ import pytest
 from hotmount import liveness
 from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import ContainerNotFound, DriverRefused, DriverUnavailable, UnsafePath
+from hotmount.ledger import PendingOp
 from tests.fakes import driver as stand_in
 from tests.fakes import nvml
 from tests.kernel.conftest import STAND_IN_SPEC, engine_cli
@@ -192,9 +193,7 @@ def test_a_busy_library_is_detached_lazily_and_its_user_keeps_it(
     library = f"{LIB}/libnvidia-ml.so.{stand_in.VERSION}"
     holder = container.exec_in_background("sh", "-c", f"exec 3<{library}; exec sleep 100000")
     try:
-        for _ in range(100):
-            if _holds(container, library):
-                break
+        wait_for(lambda: _holds(container, library), f"the background shell to hold {library}")
         gone = engine.unmount(container.id, [GPU])
         assert library in gone.driver_detached
         assert _smi(container)[0] != 0
@@ -558,3 +557,32 @@ def test_a_pid_reused_before_the_placer_opened_it_is_never_placed_into(
         finally:
             impostor.kill()
             impostor.wait()
+
+
+def test_a_mount_that_died_after_its_last_step_is_rolled_back_whole(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    """The agent died after the node, the last step, before the record was final: the
+    ledger holds the pending mount with its nodes and files. The next reconcile (a new
+    agent) takes out the node first, then the files, and frees the claim."""
+    container = run_container(_rootfs(tmp_path / "image"))
+    engine.mount(container.id, [GPU], with_driver=True)
+    record = engine.ledger.load(container.id)
+    assert record is not None and record.driver
+    record.pending = PendingOp(
+        op="mount",
+        devices=list(record.devices),
+        nodes=list(record.nodes.values()),
+        driver=record.driver,
+    )
+    record.devices, record.nodes, record.driver = {}, {}, []
+    engine.ledger.save(record)
+
+    report = Engine(engine.config).reconcile()
+
+    assert report.pending_finished == 1
+    assert "nvidia0" not in container.ls_dev()
+    assert container.exec("ls", LIB).stdout.split() == []
+    assert _smi(container)[0] != 0
+    assert not any(LIB in line.split()[4] for line in _mountinfo(container))
+    assert engine.ledger.claims() == []
