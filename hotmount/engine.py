@@ -16,7 +16,6 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from hotmount import claims, liveness, plan, usage
 from hotmount.cgroups.detect import CgroupLayout, detect
@@ -45,8 +44,9 @@ from hotmount.ledger import (
     now,
 )
 from hotmount.liveness import Liveness
+from hotmount.netdev import mounting as netdev_mounting
 from hotmount.netdev.moves import Netdevs
-from hotmount.netdev.plan import NetdevRefused, NetdevSpec, Network
+from hotmount.netdev.plan import NetdevSpec, Network
 from hotmount.reconcile import repair_drift, sweep_claims
 from hotmount.results import (
     ContainerStatus,
@@ -162,7 +162,7 @@ class Engine:
             options |= {"device_metadata": device_metadata}
             options |= {"share_with": share_with, "with_rdma": with_rdma, "rdma": rdma}
             options |= {"with_driver": with_driver}
-            return self._mount_with_netdev(ref, device_refs, netdev, options)
+            return netdev_mounting.mount_with_netdev(self, ref, device_refs, netdev, options)
         devices = self.inventory.resolve_all(device_refs)
         riders = companions.rdma_for(self.inventory, devices, with_rdma, rdma or ())
         devices += [device for device, _ in riders.values()]
@@ -510,71 +510,10 @@ class Engine:
                 except HotmountError as exc:
                     report.errors[record.key] = exc.message
                     log.warning("reconcile %s: %s", record.key, exc.message)
-        self._return_orphan_interfaces(report)
+        netdev_mounting.return_orphans(self, report)
         sweep_claims(self.ledger, self.inventory)
         report.netdevs += self.netdevs.reconcile(self.ledger.lock)
         return report
-
-    def _return_orphan_interfaces(self, report: ReconcileReport) -> None:
-        """Interfaces whose container no record stands behind any more (left by an agent
-        before this rule, or by an unmount whose move back failed) go back too."""
-        for container in sorted({r.container for r in self.netdevs.records()}):
-            with self.ledger.lock(container):
-                if self.ledger.load(container) is not None:
-                    continue
-                back, _ = self.netdevs.release(container)
-                report.netdevs += back
-
-    def _mount_with_netdev(
-        self,
-        ref: str | ContainerRef | Container,
-        device_refs: list[str],
-        spec: NetdevSpec,
-        options: dict[str, Any],
-    ) -> MountResult:
-        """Checks first, then the devices (with their own rollback), then the interface;
-        a failed move unmounts what this call mounted."""
-        devices = self.inventory.resolve_all(device_refs)
-        riders = companions.rdma_for(
-            self.inventory, devices, options["with_rdma"], options["rdma"] or ()
-        )
-        name = spec.name or self.netdevs.choose(
-            n for device, _ in riders.values() for n in device.netdevs
-        )
-        self.netdevs.check(spec, name)
-        container = ref if isinstance(ref, Container) else self.resolve(ref)
-        mounting = {d.key for d in devices} | set(riders)
-        self._check_netdev_owner(name, mounting, options["group"] or container.key)
-        result = self.mount(container, device_refs, **options)
-        try:
-            container, alive = self._enter(container)
-            with alive, self.ledger.lock(container.key):
-                keys = [*(d.key for d in devices), *riders]
-                self.netdevs.attach(
-                    container.key, container.init_pid, alive.start_time, spec, name, keys
-                )
-        except BaseException:
-            if result.mounted:
-                try:
-                    self.unmount(container, [m.key for m in result.mounted])
-                except HotmountError as exc:
-                    log.warning("rollback after the interface move failed: %s", exc.message)
-            raise
-        result.netdevs = [name]
-        return result
-
-    def _check_netdev_owner(self, name: str, mounting: set[str], group: str) -> None:
-        """An RDMA NIC's interface goes only with that NIC: in this mount, or already held
-        by the caller's group; else naming it would take it from whoever holds the NIC."""
-        for device in self.inventory.rdma_devices():
-            if name not in device.netdevs or device.key in mounting:
-                continue
-            held = any(c.device == device.key and c.group == group for c in self.ledger.claims())
-            if not held:
-                raise NetdevRefused(
-                    f"interface {name} belongs to RDMA device {device.key}: mount it with "
-                    "that device (rdma or withRdma), or hold the device already"
-                )
 
     def _reconcile_one(self, record: ContainerRecord, report: ReconcileReport) -> None:
         container = self._live(record)
