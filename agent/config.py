@@ -89,7 +89,8 @@ class AgentSettings(BaseSettings):
         description=(
             "a mount that leaves withDriver out brings the driver's files: auto (when the "
             "container's linker finds no libcuda.so.1 and a CDI spec or --driver-root has "
-            "them), always, or never (docs/driver.md)"
+            "them), always, or never (an off switch: a request's withDriver cannot turn it "
+            "on; docs/driver.md)"
         ),
         json_schema_extra={"metavar": "MODE"},
     )
