@@ -20,7 +20,9 @@ import pytest
 from tests.agent.conftest import AGENT_TOKEN, ALICE, BOB, DANA, Cluster
 from tests.agent.test_gateway import messages
 from tests.fakes.agent_peers import AnsweringPeer
-from tests.support.agent import AGENT_USER, GPUS, agent_pod_manifest
+from tests.fakes.kube_apiserver import FrontProxy
+from tests.fakes.pki import CertificateAuthority
+from tests.support.agent import AGENT_USER, GPUS, AgentProcess, agent_pod_manifest, free_port
 
 pytestmark = pytest.mark.kernel
 AGG = "/apis/hotmount.io/v1alpha1"
@@ -187,6 +189,65 @@ def test_forwarding_works_when_tokens_must_carry_the_agents_audience(cluster: Cl
     with node_b.client(ALICE) as api:  # alice's token for the API server only
         assert api.get(MOUNT).status_code == 401
         assert api.get(MOUNT, headers=AS_ALICE).status_code == 401
+
+
+def front_proxied_pair(cluster: Cluster, extra: list[str]) -> tuple[AgentProcess, AgentProcess]:
+    """node-a behind the API server's front proxy (the APIService's backend), node-b the
+    pod's node; both serve TLS with a certificate for the agents' Service name, and each
+    trusts the other's (--agent-ca), as the chart sets them up."""
+    pki = cluster.workdir / "pki-pair"
+    serving = CertificateAuthority(pki / "serving", "agents-ca").issue_server(
+        "agent", hosts=["127.0.0.1", "localhost", "gpu-hotmount.gpu-hotmount.svc"]
+    )
+    requestheader = CertificateAuthority(pki / "requestheader", "requestheader-ca")
+    port = free_port()
+    cluster.kube.configure_front_proxy(
+        FrontProxy(
+            backend_url=f"https://127.0.0.1:{port}",
+            client=requestheader.issue_client("front-proxy-client"),
+            backend_ca=serving.ca,
+        )
+    )
+    flags = ["--agent-ca", str(serving.ca), *extra]
+    node_a = cluster.agent("node-a", port=port, tls=serving, extra=flags)
+    node_b = cluster.agent("node-b", tls=serving, extra=flags)
+    return node_a, node_b
+
+
+def test_a_kubectl_call_for_another_node_is_asserted_within_the_new_bounds(
+    cluster: Cluster,
+) -> None:
+    """Through the API server (front proxy) to node-a, for a pod on node-b, with
+    --token-audiences set: alice is asserted with the agents' own token and node-b
+    believes it; her forced unmount is refused there; the admin whose only right is
+    system:masters is asserted without that group, and node-b's RBAC says no."""
+    container = cluster.pod("nb", node="node-b")
+    node_a, node_b = front_proxied_pair(cluster, ["--token-audiences", "hotmount"])
+    gpumounts = f"{AGG}/namespaces/default/gpumounts"
+    body = {"apiVersion": "hotmount.io/v1alpha1", "kind": "GPUMount"}
+    with cluster.api(ALICE) as api:
+        created = api.post(gpumounts, json={**body, "metadata": {"name": "nb"},
+                                             "spec": {"devices": ["0"]}})  # fmt: skip
+        assert created.status_code == 201, created.text
+        assert container.open_result(NVIDIA3) == "ENXIO"
+        forced = api.delete(f"{gpumounts}/nb", params={"force": "true"})
+    assert forced.status_code == 403, forced.text
+    assert "--allow-asserted-force" in forced.json()["message"]
+    assert container.open_result(NVIDIA3) == "ENXIO"
+    with cluster.api(cluster.kube.admin_token) as admin:
+        seen = admin.get(f"{gpumounts}/nb")
+    assert seen.status_code == 403, seen.text
+
+    audit = messages(node_b, "hotmount.audit")
+    assert any(m.startswith("allow user=alice via=gateway verb=create") for m in audit), audit
+    assert any(m.startswith("deny user=kubernetes-admin via=gateway verb=get") for m in audit)
+    admins = [
+        r["spec"]["groups"]
+        for r in cluster.kube.reviews("SubjectAccessReview")
+        if r["spec"]["user"] == "kubernetes-admin"
+    ]
+    assert admins == [["system:masters", "system:authenticated"], ["system:authenticated"]]
+    assert any(m.startswith("forwarding") for m in messages(node_a, "agent.gateway"))
 
 
 # -- item 6: PATCH authorizes before it looks the pod up -------------------------------------
