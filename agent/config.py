@@ -189,6 +189,13 @@ class AgentSettings(BaseSettings):
         "Secret tokens, TokenRequests without a pod): with --pod-tokens-own-pod-only, every "
         "account's call is then held to its own pod",
     )
+    allow_asserted_force: bool = Field(
+        default=False,
+        description="let a user another agent asserts (a front-proxy caller forwarded from "
+        "the node the API server reached) force and move network interfaces; off: only "
+        "callers this agent authenticates itself may (root on one node holds the agents' "
+        "token, and could assert anyone)",
+    )
     max_token_reviews: int = Field(
         default=16,
         ge=1,
