@@ -4,37 +4,33 @@ Order for mount: validate everything, claim the devices, write the plan as
 pending, grant the cgroup, place the driver's files, then create the nodes, so
 that no node appears that cannot be opened or before its libraries; for unmount:
 check use, remove the nodes, the driver's files, then revoke. Every step is
-idempotent and a failure rolls back what the operation did.
+idempotent and a failure rolls back what the operation did. The engine holds the
+locks, claims and records; the kernel steps are hotmount/nodesteps.py's, the use
+check hotmount/inuse.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hotmount import claims, liveness, plan, usage
+from hotmount import claims, liveness, plan
 from hotmount.cgroups.detect import CgroupLayout, detect
-from hotmount.cgroups.v1 import allows
 from hotmount.claims import Claim
 from hotmount.containers import Container, ContainerRef, ContainerResolver
 from hotmount.devices import companions
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
 from hotmount.devices.model import Device
-from hotmount.devnodes import ContainerFs, NodeState, open_container_fs
+from hotmount.devnodes import ContainerFs, open_container_fs
 from hotmount.driver.injection import DriverInjection
-from hotmount.errors import (
-    ContainerNotFound,
-    HotmountError,
-    NotInContainer,
-    UnsafePath,
-)
-from hotmount.grants import CgroupGrants, rule_of
+from hotmount.errors import ContainerNotFound, HotmountError, NotInContainer
+from hotmount.grants import CgroupGrants
 from hotmount.hostfs import HostRoot
+from hotmount.inuse import UseCheck
 from hotmount.ledger import (
     ContainerRecord,
     DeviceRecord,
@@ -47,6 +43,7 @@ from hotmount.liveness import Liveness
 from hotmount.netdev import mounting as netdev_mounting
 from hotmount.netdev.moves import Netdevs
 from hotmount.netdev.plan import NetdevSpec, Network
+from hotmount.nodesteps import NodeSteps
 from hotmount.reconcile import repair_drift, sweep_claims
 from hotmount.results import (
     ContainerStatus,
@@ -106,6 +103,8 @@ class Engine:
             self.config.driver_root,
             self.config.inject_driver,
         )
+        self.use = UseCheck(self.host.proc, self.config.use_nvml, self.config.stop_grace)
+        self.steps = NodeSteps(self.grants, self.ledger, self.driver, self._fs, self._proven)
         self.inventory = self.load_inventory()
 
     def load_inventory(self) -> Inventory:
@@ -170,7 +169,7 @@ class Engine:
         with alive, self.ledger.lock(container.key):
             record = self._record_for(container, alive.start_time)
             if record.pending is not None:
-                self._finish_pending(record, container)
+                self.steps.finish_pending(record, container)
             new = [d for d in devices if d.key not in record.devices]
             already = [_mounted(d) for d in devices if d.key in record.devices]
             companions.note(record, riders)
@@ -181,7 +180,7 @@ class Engine:
                         self.ledger.save(record)
                     return MountResult(container.as_dict(), [], already)
                 with self._fs(container) as fs:
-                    pending = self._plan(record, new, fs)
+                    pending = self.steps.plan(record, new, fs)
                     adding = driver.records if driver is not None else []
                     # The plan goes on disk before the claims: another container that finds
                     # our claim then also finds our record, and never mistakes it for stale.
@@ -194,12 +193,12 @@ class Engine:
                     try:
                         joined = self._claim(new, container.key, force, group, share_with, metadata)
                         place = driver.place if driver is not None else None
-                        self._apply_mount(record, pending, created, fs, alive, place)
+                        self.steps.apply_mount(record, pending, created, fs, alive, place)
                     except BaseException:
                         for device in new:
                             self.ledger.release(device.key, container.key)
                         undo = driver.undo if driver is not None else None
-                        self._undo_mount(record, pending, created, fs, undo)
+                        self.steps.undo_mount(record, pending, created, fs, undo)
                         raise
             for node_record in pending:
                 record.nodes[node_record.path] = node_record
@@ -260,81 +259,6 @@ class Engine:
             self.ledger.add_claims(wanted)
         return {c.device: c.shared_with for c in wanted}
 
-    def _plan(
-        self, record: ContainerRecord, new: list[Device], fs: ContainerFs
-    ) -> list[NodeRecord]:
-        """Read-only: which nodes to add, refusing paths held by something else."""
-        v1 = self.grants.v1(record.v1_dir)
-        v1_list = v1.entries() if v1 is not None else None
-        pending = []
-        for node in plan.nodes_to_add(record, new):
-            state = fs.state(node)
-            if state is NodeState.MISMATCH:
-                raise UnsafePath(f"{node.path} in the container is not the expected device")
-            pending.append(
-                NodeRecord(
-                    path=node.path,
-                    major=node.major,
-                    minor=node.minor,
-                    file_mode=node.file_mode,
-                    permissions=node.permissions,
-                    created=state is NodeState.ABSENT,
-                    v1_added=v1_list is not None and not allows(v1_list, node.rule),
-                )
-            )
-        return pending
-
-    def _apply_mount(
-        self,
-        record: ContainerRecord,
-        pending: list[NodeRecord],
-        created: list[NodeRecord],
-        fs: ContainerFs,
-        alive: Liveness,
-        place_driver: Callable[[], None] | None = None,
-    ) -> None:
-        """Grant first, then the driver's files, then create the nodes: no node appears
-        that cannot be opened, nor before the libraries that use it."""
-        v1 = self.grants.v1(record.v1_dir)
-        adding = [rule_of(n) for n in pending if n.v1_added]
-        if adding:
-            assert v1 is not None
-            v1.allow_all(adding)  # one read-back of devices.list for all the lines
-        self.grants.grant_v2(record.v2_dir, [*record.nodes.values(), *pending])
-        if place_driver is not None:
-            place_driver()
-            alive.check()
-        for node_record in pending:
-            node_record.created = fs.ensure(plan.node_of(node_record))
-            if node_record.created:
-                created.append(node_record)
-        alive.check()
-
-    def _undo_mount(
-        self,
-        record: ContainerRecord,
-        pending: list[NodeRecord],
-        created: list[NodeRecord],
-        fs: ContainerFs | None,
-        undo_driver: Callable[[], object] | None = None,
-    ) -> None:
-        """Best effort, every step: the original error is what the caller must see.
-        The nodes go first, then the driver's files, then the grants."""
-        for node_record in created:
-            if fs is not None:
-                _quietly(fs.remove, plan.node_of(node_record))
-        if undo_driver is not None:
-            _quietly(undo_driver)
-        v1 = self.grants.v1(record.v1_dir)
-        for node_record in pending:
-            if node_record.v1_added and v1 is not None:
-                _quietly(v1.deny, rule_of(node_record))
-        v2 = self.grants.v2(record.v2_dir)
-        if v2 is not None:
-            _quietly(v2.revoke, [rule_of(n) for n in pending if n.path not in record.nodes])
-        record.pending = None
-        _quietly(self.ledger.save, record)
-
     # -- unmount
     def unmount(
         self,
@@ -351,14 +275,16 @@ class Engine:
         with alive, self.ledger.lock(container.key):
             record = self._record_for(container, alive.start_time)
             if record.pending is not None:
-                self._finish_pending(record, container)
+                self.steps.finish_pending(record, container)
             keys = companions.leaving_with(record, self._keys(record, device_refs))
             targets = [k for k in keys if k in record.devices]
             missing = [k for k in keys if k not in record.devices]
             if not targets:
                 return UnmountResult(container.as_dict(), [], missing, [], [])
             leaving = plan.nodes_to_remove(record, targets)
-            stopped = self._check_use(container, record, targets, leaving, force, spare_staying)
+            stopped = self.use.clear(
+                self.inventory, container, record, targets, leaving, force, spare_staying
+            )
             staying = [k for k in record.devices if k not in targets]
             record.pending = PendingOp(
                 op="unmount",
@@ -369,7 +295,7 @@ class Engine:
             self.ledger.save(record)
             driver_removed: list[str] = []
             driver_detached: list[str] = []
-            removed = self._apply_unmount(record, container, (driver_removed, driver_detached))
+            removed = self.steps.apply_unmount(record, container, (driver_removed, driver_detached))
             # Interfaces last: nodes gone and grants revoked first, no window between
             # the in-use check and the revoke.
             returned = self.netdevs.leaving(container.key, staying)
@@ -395,105 +321,6 @@ class Engine:
                 continue
             keys.append(self.inventory.resolve(ref).key)
         return list(dict.fromkeys(keys))
-
-    def _check_use(
-        self,
-        container: Container,
-        record: ContainerRecord,
-        targets: list[str],
-        leaving: list[NodeRecord],
-        force: bool,
-        spare_staying: bool,
-    ) -> list[int]:
-        """Nothing may hold what leaves: the nodes that leave (a shared control node such
-        as nvidiactl only with the last device that uses it) and, by NVML, the leaving
-        GPUs. `force` stops those holders, but with `spare_staying` never one that also
-        holds a staying device's own node or has an NVML context on a staying GPU."""
-        staying = [k for k in record.devices if k not in targets]
-        own = {k: d.nodes for k in staying if (d := self.inventory.get(k)) is not None}
-        kept = plan.kept_numbers(record, targets, own) if spare_staying else set()
-        nvml = self.config.use_nvml
-        return usage.clear_holders(
-            self.host.proc,
-            container.key,
-            container.pids,
-            {(n.major, n.minor) for n in leaving},
-            self._uuids(targets) if nvml else [],
-            force=force,
-            grace=self.config.stop_grace,
-            staying_numbers=kept,
-            staying_uuids=self._uuids(staying) if nvml and spare_staying else [],
-        )
-
-    def _uuids(self, keys: list[str]) -> list[str]:
-        return [d.uuid for k in keys if (d := self.inventory.get(k)) and d.uuid]
-
-    def _apply_unmount(
-        self,
-        record: ContainerRecord,
-        container: Container | None,
-        driver_out: tuple[list[str], list[str]] | None = None,
-    ) -> list[str]:
-        """Roll an unmount forward: remove our nodes and driver files (reported in
-        `driver_out`: removed, detached lazily), revoke our grants, drop the records."""
-        assert record.pending is not None
-        leaving = record.pending.nodes
-        removed: list[str] = []
-        if container is not None:
-            with self._fs(container) as fs:
-                for node_record in leaving:
-                    if not node_record.created:
-                        continue
-                    try:
-                        if fs.remove(plan.node_of(node_record)):
-                            removed.append(node_record.path)
-                    except UnsafePath as exc:
-                        log.warning("leaving %s alone: %s", node_record.path, exc)
-        if container is not None and record.pending.driver:  # after the nodes
-            check = self._proven(record)
-            gone_paths, lazily = self.driver.remove(container, record.pending.driver, check)
-            if driver_out is not None:
-                driver_out[0].extend(gone_paths)
-                driver_out[1].extend(lazily)
-            gone = {r.path for r in record.pending.driver}
-            record.driver = [r for r in record.driver if r.path not in gone]
-            if not record.driver:
-                record.driver_env = {}
-        elif container is None:
-            record.driver = []
-        v1 = self.grants.v1(record.v1_dir)
-        if v1 is not None:
-            with contextlib.suppress(ContainerNotFound):
-                v1.deny_all([rule_of(n) for n in leaving if n.v1_added])
-        v2 = self.grants.v2(record.v2_dir)
-        if v2 is not None:
-            with contextlib.suppress(ContainerNotFound):
-                v2.revoke([rule_of(n) for n in leaving])
-        for node_record in leaving:
-            record.nodes.pop(node_record.path, None)
-        for key in record.pending.devices:
-            record.devices.pop(key, None)
-            self.ledger.release(key, record.key)
-        record.pending = None
-        self.ledger.save(record)
-        return removed
-
-    def _finish_pending(self, record: ContainerRecord, container: Container | None) -> None:
-        """A previous process died midway: roll a mount back, an unmount forward."""
-        assert record.pending is not None
-        if record.pending.op == "unmount":
-            self._apply_unmount(record, container)
-            return
-        fs_cm = self._fs(container) if container is not None else contextlib.nullcontext()
-        undo_driver = None
-        if container is not None and record.pending.driver:
-            adding, check = record.pending.driver, self._proven(record)
-            undo_driver = functools.partial(self.driver.remove, container, adding, check)
-        with fs_cm as fs:
-            maybe_created = [n for n in record.pending.nodes if n.created]
-            for device in record.pending.devices:
-                self.ledger.release(device, record.key)
-            self._undo_mount(record, record.pending.nodes, maybe_created, fs, undo_driver)
 
     # -- status
     def status(self, ref: str | ContainerRef | Container) -> ContainerStatus:
@@ -549,7 +376,7 @@ class Engine:
             log.info("forgot %s: the container is gone", record.key)
             return
         if record.pending is not None:
-            self._finish_pending(record, container)
+            self.steps.finish_pending(record, container)
             report.pending_finished += 1
         with self._fs(container) as fs:
             repair_drift(record, self.grants, fs, report)
@@ -624,10 +451,3 @@ def _mounted(device: Device) -> MountedDevice:
     return MountedDevice(
         device.key, str(device.kind), device.index, device.uuid, [n.path for n in device.nodes]
     )
-
-
-def _quietly(fn: object, *args: object) -> None:
-    try:
-        fn(*args)  # type: ignore[operator]
-    except Exception as exc:  # rollback must not hide the error that caused it
-        log.warning("rollback step %s failed: %s", getattr(fn, "__name__", fn), exc)

@@ -4,7 +4,8 @@ Kept apart from the device ledger (its own files, `netdevs/<container>@<name>.js
 under the state directory) and driven by the engine under the container's
 operation lock. Every step is written down before it is taken (the record's
 `phase`, see hotmount/netdev/plan.py), so a crash at any point leaves a record
-that reconcile can finish: an attach rolled back, a detach rolled forward.
+that reconcile can finish: an attach rolled back, a detach rolled forward. The
+namespaces are opened and proven by hotmount/netdev/namespaces.py.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hotmount.errors import ContainerNotFound, HotmountError, KernelError, NotFound
+from hotmount.errors import ContainerNotFound, HotmountError, NotFound
 from hotmount.hostfs import HostRoot
-from hotmount.netdev import netlink
+from hotmount.netdev import namespaces, netlink
 from hotmount.netdev.plan import (
     Action,
     LinkInfo,
@@ -40,7 +41,6 @@ from hotmount.netdev.plan import (
     decide,
     find_inside,
     find_returned,
-    netns_holder,
     primary_indexes,
     primary_interfaces,
     restore_plan,
@@ -118,7 +118,7 @@ class Netdevs:
         the addresses inside `--netdev-address-cidr` and none the node holds (now)."""
         check_name(spec.inside, "inside name")
         check_addresses(spec.addresses)
-        with self._host() as ipr:
+        with namespaces.host_rtnl(self.host) as ipr:
             traffic = self._traffic(ipr)
             self._allowed_link(netlink.links(ipr), carriers(traffic), name)
             check_address_policy(spec.addresses, self.address_cidrs, traffic.held_addresses())
@@ -176,10 +176,13 @@ class Netdevs:
         self.check(spec, name)
         if self._path(container, spec.inside).exists():
             raise NetdevConflict(f"container {container} already has {spec.inside} from us")
-        with self._container_ns(init_pid, start_time) as ns_fd, netlink.rtnl(ns_fd) as inside:
+        with (
+            namespaces.container_ns(self.host, init_pid, start_time) as ns_fd,
+            netlink.rtnl(ns_fd) as inside,
+        ):
             if any(link.name == spec.inside for link in netlink.links(inside)):
                 raise NetdevConflict(f"container {container} already has an {spec.inside}")
-            with self._host() as host:
+            with namespaces.host_rtnl(self.host) as host:
                 links = netlink.links(host)
                 traffic = self._traffic(host)
                 link = self._allowed_link(links, carriers(traffic), name)
@@ -229,9 +232,9 @@ class Netdevs:
         self._save(record)
         try:
             with (
-                self._record_ns(record) as ns_fd,
+                namespaces.record_ns(self.host, record) as ns_fd,
                 netlink.rtnl(ns_fd) as inside,
-                self._host() as host,
+                namespaces.host_rtnl(self.host) as host,
             ):
                 action = self._undo(record, inside, host, quiet=False)
         except ContainerNotFound:
@@ -360,11 +363,11 @@ class Netdevs:
             ns_fd = None
             if alive is not False:
                 try:
-                    ns_fd = stack.enter_context(self._record_ns(record))
+                    ns_fd = stack.enter_context(namespaces.record_ns(self.host, record))
                 except ContainerNotFound:
                     ns_fd = None
             inside = stack.enter_context(netlink.rtnl(ns_fd)) if ns_fd is not None else None
-            host = stack.enter_context(self._host())
+            host = stack.enter_context(namespaces.host_rtnl(self.host))
             if inside is not None:
                 in_container = self._find_inside(record, inside, host)
             links = netlink.links(host)
@@ -401,107 +404,8 @@ class Netdevs:
         return now - self._unseen_since.setdefault(key, now)
 
     def _host_ns_fd(self) -> int:
-        """The host's network namespace: its init's (hostPID: the agent's pod need not be
-        hostNetwork); where PID 1 refuses (a sandbox's init may be non-dumpable: EACCES
-        even to root, on open and readlink alike), kthreadd's (PID 2, a kernel thread:
-        kernel threads live in the initial namespace). Never a guess: neither, an error."""
-        path = self.host.path("/proc/1/ns/net")
-        try:
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except PermissionError:
-            pass
-        except OSError as exc:
-            raise KernelError(f"opening {path}: {exc.strerror}") from exc
-        kthreadd = self.host.path("/proc/2")
-        try:
-            if not _is_kernel_thread(kthreadd):
-                raise ValueError(f"{kthreadd} is not a kernel thread")
-            return os.open(kthreadd / "ns" / "net", os.O_RDONLY | os.O_CLOEXEC)
-        except (OSError, ValueError, IndexError) as exc:
-            raise KernelError(
-                f"the host's network namespace cannot be opened ({path}: permission denied; "
-                f"kthreadd's: {exc}): run the agent with hostPID and CAP_SYS_PTRACE"
-            ) from exc
-
-    @contextlib.contextmanager
-    def _host(self) -> Iterator[IPRoute]:
-        fd = self._host_ns_fd()
-        try:
-            with netlink.rtnl(fd) as ipr:
-                yield ipr
-        finally:
-            os.close(fd)
-
-    @contextlib.contextmanager
-    def _record_ns(self, record: NetdevRecord) -> Iterator[int]:
-        """The namespace the interface went into: through its init while that lives, else
-        through any process still in it (a restarted container's sandbox keeps it)."""
-        with contextlib.ExitStack() as stack:
-            try:
-                fd = stack.enter_context(
-                    self._container_ns(record.init_pid, record.init_start_time)
-                )
-            except ContainerNotFound:
-                if record.netns_ino is None:
-                    raise
-                fd = stack.enter_context(self._holder_ns(record))
-            yield fd
-
-    @contextlib.contextmanager
-    def _holder_ns(self, record: NetdevRecord) -> Iterator[int]:
-        holder = netns_holder(record, self._netns_inodes())
-        if holder is None:
-            raise ContainerNotFound(f"the network namespace of {record.container} is gone")
-        try:
-            fd = os.open(self.host.path(f"/proc/{holder}/ns/net"), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise ContainerNotFound(f"PID {holder} has exited") from exc
-        try:
-            if os.fstat(fd).st_ino != record.netns_ino:
-                raise ContainerNotFound(f"PID {holder} left the namespace of {record.container}")
-            yield fd
-        finally:
-            os.close(fd)
-
-    def _netns_inodes(self) -> Iterator[tuple[int, int]]:
-        """(PID, netns inode) of every process (read only for records whose init died)."""
-        proc = self.host.path("/proc")
-        with os.scandir(proc) as entries:
-            names = [entry.name for entry in entries if entry.name.isdigit()]
-        for name in names:
-            with contextlib.suppress(OSError):
-                yield int(name), os.stat(proc / name / "ns" / "net").st_ino
-
-    @contextlib.contextmanager
-    def _container_ns(self, pid: int, start_time: int) -> Iterator[int]:
-        """An fd of the container's network namespace, proven to be its init's (the PID
-        not reused since) and not the host's own (a hostNetwork pod)."""
-        proc = self.host.path(f"/proc/{pid}")
-        try:
-            fd = os.open(proc / "ns" / "net", os.O_RDONLY | os.O_CLOEXEC)
-        except (FileNotFoundError, ProcessLookupError) as exc:
-            raise ContainerNotFound(f"process {pid} has exited") from exc
-        try:
-            if _start_time(proc) != start_time:
-                raise ContainerNotFound(f"PID {pid} is not the container's init any more")
-            host = self._host_ns_fd()
-            try:
-                shared = os.fstat(host).st_ino == os.fstat(fd).st_ino
-            finally:
-                os.close(host)
-            if shared:
-                raise NetdevRefused(
-                    "the container shares the host's network namespace (hostNetwork): "
-                    "an interface cannot move into it"
-                )
-            yield fd
-        finally:
-            os.close(fd)
-
-
-def _is_kernel_thread(proc: Path) -> bool:
-    flags = int((proc / "stat").read_text().rpartition(")")[2].split()[6])
-    return bool(flags & 0x00200000)  # PF_KTHREAD
+        """The host's network namespace, as an fd to close (hotmount/netdev/namespaces.py)."""
+        return namespaces.host_ns_fd(self.host)
 
 
 def _add_addresses(ipr: IPRoute, name: str | int, addresses: Iterable[str]) -> None:
@@ -511,11 +415,3 @@ def _add_addresses(ipr: IPRoute, name: str | int, addresses: Iterable[str]) -> N
         except netlink.NetlinkFailed as exc:
             if getattr(exc.__cause__, "code", None) != _EEXIST:
                 raise
-
-
-def _start_time(proc: Path) -> int:
-    try:
-        text = (proc / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError) as exc:
-        raise ContainerNotFound(f"{proc} has exited") from exc
-    return int(text.rpartition(")")[2].split()[19])
