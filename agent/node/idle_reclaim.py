@@ -116,7 +116,7 @@ class IdleReclaim:
         GPU is sampled again and its holders are stopped (SIGTERM, then SIGKILL), but
         never a process that also uses a GPU that stays: that reclaim is skipped and the
         pod told why (GPUReclaimSkipped). The shared control nodes count only when the
-        container's last GPU leaves (hotmount/engine.py `_check_use`).
+        container's last GPU leaves (hotmount/inuse.py `UseCheck.clear`).
         """
         state = self._state()
         mounts = []
