@@ -54,6 +54,10 @@ PREFIX = f"/apis/{GROUP}"
 router = APIRouter(prefix=PREFIX, tags=["aggregated"])
 # A NodeDevices' creationTimestamp: when this agent started and took the node's inventory.
 STARTED_AT = datetime.now(UTC).isoformat(timespec="seconds")
+NODE_ONLY_WARNING = (
+    "this node's gpumounts only: you may not list gpumounts at the cluster scope; "
+    "list a namespace (-n) to see every node's"
+)
 # `?includeObject=`: what a Table row carries (kubectl asks for Metadata, the default).
 Include = Annotated[IncludeObject, Query(alias="includeObject")]
 
@@ -337,7 +341,14 @@ def create_gpumount(
     pod = body.metadata.name
     if body.metadata.namespace not in (None, namespace):
         raise BadRequest(f"metadata.namespace {body.metadata.namespace} is not {namespace}")
-    authz.require_mount(caller, namespace, pod, body.spec.share_with, body.spec.force)
+    authz.require_mount(
+        caller,
+        namespace,
+        pod,
+        body.spec.share_with,
+        body.spec.force,
+        netdev=body.spec.netdev_request() is not None,
+    )
     spec = body.spec.model_dump(by_alias=True, exclude_none=True)
 
     def mount() -> dict[str, Any]:
@@ -377,14 +388,20 @@ def list_gpumounts_everywhere(
     """`kubectl get gpumounts -A`: every namespace the caller may list, from every node.
 
     The API server lets this through only to callers who may list gpumounts at the
-    cluster scope; a caller who reaches the agent otherwise sees the namespaces where a
-    SubjectAccessReview says they may list, one review per namespace with mounts.
+    cluster scope. Anyone else reaching the agent's port is authorized before any work:
+    they see this node's namespaces (read from the ledger, no API call) where a
+    SubjectAccessReview says they may list, and other nodes only through a namespace's
+    list (`-n`), so a token with no rights costs no pod reads and asks no other agent.
     """
-    mounts = listing.all_mounts()
-    if not _may_list(authz, caller, ""):
-        mounts = {ns: pods for ns, pods in mounts.items() if _may_list(authz, caller, ns)}
-    items = [_gpumount(p, ns) for ns, pods in sorted(mounts.items()) for p in pods]
-    return _answer(request, caller, gateway, "GPUMount", items, include)
+    if _may_list(authz, caller, ""):
+        mounts = listing.all_mounts()
+        items = [_gpumount(p, ns) for ns, pods in sorted(mounts.items()) for p in pods]
+        return _answer(request, caller, gateway, "GPUMount", items, include)
+    allowed = [ns for ns in listing.mounted_namespaces() if _may_list(authz, caller, ns)]
+    items = [_gpumount(p, ns) for ns in allowed for p in listing.namespace_mounts(ns)]
+    answer = _answer(request, caller, None, "GPUMount", items, include)
+    answer.headers.append("Warning", f'299 - "{NODE_ONLY_WARNING}"')
+    return answer
 
 
 @router.get(f"/{VERSION}/namespaces/{{namespace}}/gpumounts/{{pod}}")
@@ -427,6 +444,11 @@ def patch_gpumount(
     merged into the applied spec and annotations (on the pod's own node, where they are
     kept), then the difference is mounted and unmounted (docs/api.md, "Desired state")."""
     refuse_dry_run(dry_run)
+    # Before the pod is looked up or the request forwarded: a refusal is the same 403
+    # whether the pod exists or not. Every edit needs both (it may add or take away);
+    # sharing, force and network interfaces are checked once the merged spec says so.
+    authz.require(caller, "create", namespace, pod)
+    authz.require(caller, "delete", namespace, pod)
 
     def apply() -> dict[str, Any]:
         uid = listing.pod_devices_here(namespace, pod).pod_uid  # here, or NotOnThisNode
@@ -444,7 +466,14 @@ def patch_gpumount(
         except ValidationError as exc:  # 422 Invalid, each cause under `spec`
             errors = [{**e, "loc": ("spec", *e["loc"])} for e in exc.errors()]
             raise RequestValidationError(errors) from exc
-        authz.require_mount(caller, namespace, pod, wanted.share_with, wanted.force)
+        authz.require_mount(
+            caller,
+            namespace,
+            pod,
+            wanted.share_with,
+            wanted.force,
+            netdev=wanted.netdev_request() is not None,
+        )
         authz.require(caller, "delete", namespace, pod)  # an edit may take devices away
         annotations = {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()}
         desired = mounting.apply_pod(namespace, pod, spec, annotations, caller.name)

@@ -8,8 +8,14 @@ Authentication, first match wins (agent/guard.py runs it before any body is read
    carrying one of its allowed names; anything else presenting them gets 401;
 3. `Authorization: Bearer`: the standalone token file, or a TokenReview (a refused
    token is remembered briefly, so a flood of bad tokens is not a flood of reviews);
-   when the token belongs to the agents' own ServiceAccount, `X-Hotmount-User`,
-   `-Group`, `-Uid` and `-Extra-*` assert the user a forwarding agent is acting for;
+   an agent forwarding a bearer caller's request forwards the caller's own token, so
+   the receiving agent reviews it itself. Only a front-proxy caller (who has no token to
+   forward) is asserted: when the token belongs to the agents' own ServiceAccount,
+   `X-Hotmount-User`, `-Group`, `-Uid` and `-Extra-*` name the user a forwarding agent
+   acts for. Every agent holds that token, so root on any node could assert anyone:
+   privileged identities (`system:masters`, `system:nodes`, a node's user, the agents'
+   own account) are never believed, and an asserted user may not force or move network
+   interfaces unless the operator opted in (--allow-asserted-force);
 4. otherwise 401, unless anonymous access was configured (development only).
 
 Authorization is a SubjectAccessReview for the user: group `hotmount.io`, resource
@@ -50,6 +56,10 @@ SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 ASSERT_USER, ASSERT_GROUP = "x-hotmount-user", "x-hotmount-group"
 ASSERT_UID, ASSERT_EXTRA = "x-hotmount-uid", "x-hotmount-extra-"
 REMOTE_USER, REMOTE_GROUP, REMOTE_EXTRA = "x-remote-user", "x-remote-group", "x-remote-extra-"
+# Never believed from an assertion: with them, root on one node would rule every node.
+PRIVILEGED_GROUPS = frozenset({"system:masters", "system:nodes"})
+PRIVILEGED_USERS = frozenset({"system:apiserver"})
+NODE_USER_PREFIX = "system:node:"
 
 
 @dataclass(frozen=True)
@@ -57,10 +67,17 @@ class Identity:
     user: UserInfo
     via: str  # unix | front-proxy | token | gateway | static-token | anonymous
     trusted: bool = False  # node root, static token or anonymous: no SAR
+    # The caller's own bearer token (via "token"), forwarded as it came to other agents.
+    bearer: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def name(self) -> str:
         return self.user.username
+
+    @property
+    def asserted(self) -> bool:
+        """Named by another agent, on the strength of the token every agent holds."""
+        return self.via == "gateway"
 
 
 @dataclass(frozen=True)
@@ -195,24 +212,42 @@ class Authenticator:
             raise Unauthorized("the bearer token is not valid")
         if self.kube is None:
             raise Unauthorized("no way to check a bearer token in this mode (no --token-file)")
-        key = hashlib.sha256(token.encode()).hexdigest()
-        user = self._reviews.get(key)
-        if user is None:
-            if self._was_refused(key):
-                raise Unauthorized("the bearer token is not valid for this audience")
-            if not may_block:
-                raise _WouldBlock
-            user = self.kube.token_review(token, self.settings.token_audiences)
-            if user is None:
-                self._refuse(key)
-                raise Unauthorized("the bearer token is not valid for this audience")
-            self._reviews.put(key, user)
         asserted = caller.first(ASSERT_USER)
+        audiences = self.settings.token_audiences
+        user = self._reviewed(token, audiences, may_block)
+        if user is None and asserted and audiences:
+            # The agents' own token is the kubelet's, minted for the API server's audience,
+            # not for --token-audiences: an assertion is reviewed for that audience, and
+            # believed only from the agents' account (checked below).
+            user = self._reviewed(token, [], may_block)
+        if user is None:
+            raise Unauthorized("the bearer token is not valid for this audience")
         if asserted:
             if user.username != self.settings.agent_user:
                 raise Unauthorized("identity assertions are accepted only from the agents")
-            return Identity(asserted_user(asserted, caller.headers), "gateway")
-        return Identity(user, "token")
+            named = asserted_user(asserted, caller.headers)
+            refuse_privileged_assertion(named, self.settings.agent_user)
+            return Identity(named, "gateway")
+        return Identity(user, "token", bearer=token)
+
+    def _reviewed(self, token: str, audiences: list[str], may_block: bool) -> UserInfo | None:
+        """The token's user for `audiences` (a cached review, else a TokenReview); None
+        when the API server refused it (remembered briefly)."""
+        assert self.kube is not None
+        key = hashlib.sha256("\n".join([token, *audiences]).encode()).hexdigest()
+        user = self._reviews.get(key)
+        if user is not None:
+            return user  # type: ignore[no-any-return]
+        if self._was_refused(key):
+            return None
+        if not may_block:
+            raise _WouldBlock
+        user = self.kube.token_review(token, audiences)
+        if user is None:
+            self._refuse(key)
+            return None
+        self._reviews.put(key, user)
+        return user
 
     def _was_refused(self, key: str) -> bool:
         if self._refused is None:
@@ -230,14 +265,40 @@ class _WouldBlock(Exception):
     """Knowing the caller needs a TokenReview: not on the event loop."""
 
 
+def refuse_privileged_assertion(user: UserInfo, agent_user: str) -> None:
+    """An asserted identity may not be one whose rights reach past RBAC (system:masters
+    skips authorization altogether; the node authorizer trusts system:nodes), nor the
+    agents' own account: any node's root holds the token that asserts."""
+    groups = PRIVILEGED_GROUPS.intersection(user.groups)
+    name = user.username
+    if groups or name.startswith(NODE_USER_PREFIX) or name in PRIVILEGED_USERS | {agent_user}:
+        what = f"group {sorted(groups)[0]}" if groups else f'user "{name}"'
+        raise Forbidden(
+            f"another agent asserted {what}: a privileged identity is never taken from an "
+            "assertion (every node holds the token that asserts); call the pod's own node's "
+            "agent, or act as a user whose RBAC allows it"
+        )
+
+
+def refuse_asserted(identity: Identity, what: str, allowed: bool) -> None:
+    """`force` and network-interface moves from an asserted user need the opt-in."""
+    if identity.asserted and not allowed:
+        raise Forbidden(
+            f'user "{identity.name}" reached this node through another agent, which asserts '
+            f"identities with the token every node holds: {what} for an asserted user needs "
+            "--allow-asserted-force on the agents (forwarding.allowAssertedForce)"
+        )
+
+
 def assertion_headers(user: UserInfo) -> list[tuple[str, str]]:
-    """The headers a forwarding agent asserts `user` with: everything a SAR takes.
+    """The headers a forwarding agent asserts `user` with: everything a SAR takes, less
+    the privileged groups that receiving agents refuse (RBAC decides on the rest).
 
     Header names lose their case and cannot hold `/`, so extra keys are percent-encoded
     with uppercase letters escaped too (`%41`); values are percent-encoded.
     """
     headers = [(ASSERT_USER, user.username)]
-    headers += [(ASSERT_GROUP, group) for group in user.groups]
+    headers += [(ASSERT_GROUP, group) for group in user.groups if group not in PRIVILEGED_GROUPS]
     if user.uid:
         headers.append((ASSERT_UID, user.uid))
     for key, values in sorted(user.extra.items()):
@@ -270,8 +331,10 @@ class Authorizer:
         own_pod_only: bool = False,
         *,
         refuse_unbound: bool = False,
+        asserted_force: bool = False,
     ) -> None:
         self.kube = kube
+        self.asserted_force = asserted_force  # --allow-asserted-force
         self._decisions = _TtlCache(ttl)
         self.own_pod_only = own_pod_only
         self.refuse_unbound = refuse_unbound
@@ -363,9 +426,20 @@ class Authorizer:
         return decision
 
     def require_mount(
-        self, identity: Identity, namespace: str, pod: str, share_with: str | None, force: bool
+        self,
+        identity: Identity,
+        namespace: str,
+        pod: str,
+        share_with: str | None,
+        force: bool,
+        *,
+        netdev: bool = False,
     ) -> None:
-        """A mount: `create` on the pod, on the pod it shares with too, and `force` if forced."""
+        """A mount: `create` on the pod, on the pod it shares with too, and `force` if forced.
+        A network interface moved into the pod leaves the host's network namespace: an
+        asserted user needs the opt-in for it, as for `force`."""
+        if netdev:
+            refuse_asserted(identity, "moving a network interface", self.asserted_force)
         self.require(identity, "create", namespace, pod)
         if share_with:  # sharing across pods: the caller may mount into both
             self.require(identity, "create", namespace, share_with)
@@ -374,6 +448,7 @@ class Authorizer:
     def require_force(self, identity: Identity, force: bool, *pods: tuple[str, str]) -> None:
         """A forced operation also needs `force` on every pod it touches (both, for a move)."""
         if force:
+            refuse_asserted(identity, "force", self.asserted_force)
             for namespace, name in pods:
                 self.require(identity, "force", namespace, name)
 

@@ -89,7 +89,8 @@ class AgentSettings(BaseSettings):
         description=(
             "a mount that leaves withDriver out brings the driver's files: auto (when the "
             "container's linker finds no libcuda.so.1 and a CDI spec or --driver-root has "
-            "them), always, or never (docs/driver.md)"
+            "them), always, or never (an off switch: a request's withDriver cannot turn it "
+            "on; docs/driver.md)"
         ),
         json_schema_extra={"metavar": "MODE"},
     )
@@ -187,6 +188,13 @@ class AgentSettings(BaseSettings):
         description="refuse API calls from ServiceAccount tokens bound to no pod (legacy "
         "Secret tokens, TokenRequests without a pod): with --pod-tokens-own-pod-only, every "
         "account's call is then held to its own pod",
+    )
+    allow_asserted_force: bool = Field(
+        default=False,
+        description="let a user another agent asserts (a front-proxy caller forwarded from "
+        "the node the API server reached) force and move network interfaces; off: only "
+        "callers this agent authenticates itself may (root on one node holds the agents' "
+        "token, and could assert anyone)",
     )
     max_token_reviews: int = Field(
         default=16,

@@ -1,13 +1,16 @@
 """Forward a request for a pod on another node to the agent on that node.
 
-A platform can then call one Service name. The forwarding agent authenticates
-with its own ServiceAccount token and asserts the original user in
-`X-Hotmount-User`/`-Group`/`-Uid`/`-Extra-*` (everything a SubjectAccessReview takes);
-the receiving agent accepts such assertions only from the agents' ServiceAccount and
-authorizes the asserted user itself. Every call has a timeout: a hung agent costs
-the caller `agent_timeout`, never a worker for good. A request
-that was already forwarded is never forwarded again (no loops), and node-local
-root callers (the unix socket) act on their own node only.
+A platform can then call one Service name. A bearer caller's own token goes with the
+request, and the receiving agent reviews and authorizes it itself, as if called
+directly. A front-proxy caller has no token to forward: the forwarding agent
+authenticates with its own ServiceAccount token and asserts the user in
+`X-Hotmount-User`/`-Group`/`-Uid`/`-Extra-*` (everything a SubjectAccessReview takes,
+less the privileged groups receiving agents refuse); the receiving agent accepts such
+assertions only from the agents' ServiceAccount and authorizes the asserted user itself
+(agent/auth.py). Every call has a timeout: a hung agent costs the caller
+`agent_timeout`, never a worker for good. A request that was already forwarded
+(`X-Hotmount-Forwarded`) is never forwarded again (no loops), and node-local root
+callers (the unix socket) act on their own node only.
 
 A list asks every other agent at once, within bounds of its own (`fan_out`): at most
 --fanout-concurrency agents in flight (shared by all lists), --list-timeout for each,
@@ -45,6 +48,7 @@ from agent.peer_answers import PeerAnswerError, ReadBounds, peer_items, read_ans
 
 log = logging.getLogger(__name__)
 LOCAL_ONLY = "x-hotmount-local"
+FORWARDED = "x-hotmount-forwarded"  # one hop only: the receiving agent never forwards it
 NODE_LOCAL = ("unix", "anonymous", "static-token")  # identities never asserted to other agents
 GPU_NODES_TTL = 60.0  # seconds the list of GPU nodes (for nodes with no agent) is kept
 
@@ -136,16 +140,14 @@ class Gateway:
         peers = agent_peers(self.kube, self.settings.agent_namespace, self.settings.agent_selector)
         ask, missing = plan(peers, self._recent_gpu_nodes(), self.settings.node_name)
         self._forget_list_clients({self._url(p.ip or "", p.ports, "") for p in ask})
-        token = self.kube.token()
-        if not token:  # every other node is missing, for one reason: say it, list this one
+        credentials = self._credentials(caller)
+        if credentials is None:  # every other node is missing, for one reason: say it
             lost = "this agent has no ServiceAccount token to ask other agents with"
             missing += [MissingNode(p.node or "", "Unreachable", lost) for p in ask]
             ask = []
         until = started + deadline
         asked: dict[Future[list[dict[str, Any]]], Peer] = {
-            self._pool.submit(
-                self._list_one, peer, caller, path, token or "", until, abandoned
-            ): peer
+            self._pool.submit(self._list_one, peer, path, credentials or [], until, abandoned): peer
             for peer in ask
         }
         done, late = wait(asked, timeout=max(until - time.monotonic(), 0))
@@ -185,17 +187,12 @@ class Gateway:
     def _list_one(
         self,
         peer: Peer,
-        caller: Identity,
         path: str,
-        token: str,
+        credentials: list[tuple[str, str]],
         until: float,
         abandoned: threading.Event,
     ) -> list[dict[str, Any]]:
-        headers = [
-            ("authorization", f"Bearer {token}"),
-            (LOCAL_ONLY, "1"),
-            *assertion_headers(caller.user),
-        ]
+        headers = [*credentials, (LOCAL_ONLY, "1")]
         origin = self._url(peer.ip or "", peer.ports, "")
         client = self._list_client(origin)
         # Its own --list-timeout from when it is asked (it may have waited for a worker),
@@ -265,6 +262,18 @@ class Gateway:
                     self._gpu_nodes = (now, set())
             return self._gpu_nodes[1]
 
+    def _credentials(self, caller: Identity) -> list[tuple[str, str]] | None:
+        """A bearer caller's own token: the other agent reviews it (its audience, its pod
+        binding) and authorizes that user itself, and this agent vouches for no one.
+        Otherwise (a front-proxy caller) this agent's token and the asserted user; None
+        when this agent has no token."""
+        if caller.bearer:
+            return [("authorization", f"Bearer {caller.bearer}")]
+        token = self.kube.token()
+        if not token:
+            return None
+        return [("authorization", f"Bearer {token}"), *assertion_headers(caller.user)]
+
     def _url(self, ip: str, ports: dict[str, int], path: str) -> str:
         port = ports.get("https") or ports.get("http") or self.settings.agent_port
         host = f"[{ip}]" if ":" in ip else ip
@@ -285,11 +294,11 @@ class Gateway:
         params: list[tuple[str, str]] | None,
         body: Any,
     ) -> httpx.Response:
-        token = self.kube.token()
-        if not token:
+        credentials = self._credentials(caller)
+        if credentials is None:
             raise UpstreamError("this agent has no ServiceAccount token to forward with")
         url = self._url(agent.pod_ip or "", agent.ports, path)
-        headers = [("authorization", f"Bearer {token}"), *assertion_headers(caller.user)]
+        headers = [*credentials, (FORWARDED, "1")]
         log.info("forwarding %s %s for %s to %s", method, path, caller.name, agent.node_name)
         try:
             return self._http.request(

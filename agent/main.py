@@ -128,6 +128,7 @@ def create_app(
         settings.authz_cache_ttl,
         settings.pod_tokens_own_pod_only,
         refuse_unbound=settings.refuse_unbound_service_account_tokens,
+        asserted_force=settings.allow_asserted_force,
     )
     app.state.gateway = gateway
     app.include_router(health.router)

@@ -74,9 +74,14 @@ class ActivitySampler:
         nvml = self._session()
         if nvml is None:
             return {u: GpuActivity(False, self._why_not) for u in wanted}
-        result = {u: self._look(u) for u in wanted}
-        self._last_seen = {u: t for u, t in self._last_seen.items() if u in result}
-        return result
+        return {u: self._look(u) for u in wanted}
+
+    def retain(self, uuids: Iterable[str]) -> None:
+        """Forget the cursors of every GPU but `uuids` (those no longer looked at). Apart
+        from `sample`: a look at one GPU (the last one before a reclaim) must not reset
+        the others' cursors, or their next look reads old samples again as new use."""
+        keep = set(uuids)
+        self._last_seen = {u: t for u, t in self._last_seen.items() if u in keep}
 
     def close(self) -> None:
         if self._nvml is not None:

@@ -34,6 +34,7 @@ from hotmount.devices.model import DeviceNode
 from hotmount.errors import ContainerNotFound, KernelError, UnsafePath
 
 SYS_OPENAT2 = 437  # the same on x86_64 and aarch64
+RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 CLONE_NEWNS = 0x00020000

@@ -1,20 +1,21 @@
 """The engine: mount, unmount, status and reconcile for one container at a time.
 
 Order for mount: validate everything, claim the devices, write the plan as
-pending, grant the cgroup, then create the nodes, so that no node appears that
-cannot be opened; for unmount: check use, remove the nodes, then revoke. Every
-step is idempotent and a failure rolls back what the operation did.
+pending, grant the cgroup, place the driver's files, then create the nodes, so
+that no node appears that cannot be opened or before its libraries; for unmount:
+check use, remove the nodes, the driver's files, then revoke. Every step is
+idempotent and a failure rolls back what the operation did.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from hotmount import claims, liveness, plan, usage
 from hotmount.cgroups.detect import CgroupLayout, detect
@@ -25,13 +26,9 @@ from hotmount.devices import companions
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
 from hotmount.devices.model import Device
 from hotmount.devnodes import ContainerFs, NodeState, open_container_fs
-from hotmount.driver import sources as driver_sources
-from hotmount.driver import steps as driver_steps
-from hotmount.driver.place import DriverPlacer
+from hotmount.driver.injection import DriverInjection
 from hotmount.errors import (
     ContainerNotFound,
-    DriverRefused,
-    DriverUnavailable,
     HotmountError,
     NotInContainer,
     UnsafePath,
@@ -47,8 +44,9 @@ from hotmount.ledger import (
     now,
 )
 from hotmount.liveness import Liveness
+from hotmount.netdev import mounting as netdev_mounting
 from hotmount.netdev.moves import Netdevs
-from hotmount.netdev.plan import NetdevRefused, NetdevSpec, Network
+from hotmount.netdev.plan import NetdevSpec, Network
 from hotmount.reconcile import repair_drift, sweep_claims
 from hotmount.results import (
     ContainerStatus,
@@ -76,7 +74,8 @@ class EngineConfig:
     netdev_allow: tuple[str, ...] = ()  # interfaces (names, globs) that may move; empty: none
     netdev_address_cidrs: tuple[Network, ...] = ()  # where set addresses may lie; empty: none
     driver_root: str | None = None  # where the driver's files are (host path); None: CDI only
-    inject_driver: str = "never"  # a mount's default: auto | always | never (docs/driver.md)
+    # asked (only a mount that asks) | auto | always | never (an off switch): docs/driver.md
+    inject_driver: str = "asked"
     # where the host's / is seen for the driver's files (driver root, CDI hostPaths):
     # the chart mounts it at /host; None: host_root
     driver_host_root: Path | None = None
@@ -98,6 +97,14 @@ class Engine:
             self.config.state_dir,
             self.config.netdev_allow,
             address_cidrs=self.config.netdev_address_cidrs,
+        )
+        self.driver = DriverInjection(
+            self._proc,
+            self.host,
+            self.driver_host,
+            self.config.cdi_dirs,
+            self.config.driver_root,
+            self.config.inject_driver,
         )
         self.inventory = self.load_inventory()
 
@@ -155,7 +162,7 @@ class Engine:
             options |= {"device_metadata": device_metadata}
             options |= {"share_with": share_with, "with_rdma": with_rdma, "rdma": rdma}
             options |= {"with_driver": with_driver}
-            return self._mount_with_netdev(ref, device_refs, netdev, options)
+            return netdev_mounting.mount_with_netdev(self, ref, device_refs, netdev, options)
         devices = self.inventory.resolve_all(device_refs)
         riders = companions.rdma_for(self.inventory, devices, with_rdma, rdma or ())
         devices += [device for device, _ in riders.values()]
@@ -167,14 +174,15 @@ class Engine:
             new = [d for d in devices if d.key not in record.devices]
             already = [_mounted(d) for d in devices if d.key in record.devices]
             companions.note(record, riders)
-            with self._driver(container, devices, record, with_driver) as (placer, dplan):
-                if not new and dplan is None:
+            adding_driver = self.driver.adding(container, devices, record, with_driver, alive.check)
+            with adding_driver as driver:
+                if not new and driver is None:
                     if riders:
                         self.ledger.save(record)
                     return MountResult(container.as_dict(), [], already)
                 with self._fs(container) as fs:
                     pending = self._plan(record, new, fs)
-                    adding = driver_steps.records_for(dplan, placer) if dplan else []
+                    adding = driver.records if driver is not None else []
                     # The plan goes on disk before the claims: another container that finds
                     # our claim then also finds our record, and never mistakes it for stale.
                     record.pending = PendingOp(
@@ -185,16 +193,13 @@ class Engine:
                     group = group or container.key
                     try:
                         joined = self._claim(new, container.key, force, group, share_with, metadata)
-                        self._apply_mount(record, pending, created, fs, alive)
-                        if placer is not None:
-                            driver_steps.place_all(placer, adding)
-                            alive.check()
+                        place = driver.place if driver is not None else None
+                        self._apply_mount(record, pending, created, fs, alive, place)
                     except BaseException:
                         for device in new:
                             self.ledger.release(device.key, container.key)
-                        if placer is not None:  # a failure here must not skip the undo
-                            _quietly(driver_steps.remove_all, placer, adding)
-                        self._undo_mount(record, pending, created, fs)
+                        undo = driver.undo if driver is not None else None
+                        self._undo_mount(record, pending, created, fs, undo)
                         raise
             for node_record in pending:
                 record.nodes[node_record.path] = node_record
@@ -209,59 +214,16 @@ class Engine:
                     shared_with=joined.get(device.key),
                     with_devices=riders[device.key][1] if device.key in riders else [],
                 )
-            driver = None
-            if dplan is not None:
+            summary = None
+            if driver is not None:
                 record.driver += adding
-                record.driver_env = {**record.driver_env, **dplan.env}
-                driver = _driver_summary(dplan)
+                record.driver_env = {**record.driver_env, **driver.plan.env}
+                summary = driver.summary()
             record.pending = None
             self.ledger.save(record)
             log.info("mounted %s into %s", [d.key for d in new], container.key)
             mounted = [_mounted(d) for d in new]
-            return MountResult(container.as_dict(), mounted, already, driver=driver)
-
-    @contextlib.contextmanager
-    def _driver(
-        self,
-        container: Container,
-        devices: list[Device],
-        record: ContainerRecord,
-        with_driver: bool | None,
-    ) -> Iterator[tuple[DriverPlacer | None, driver_sources.DriverPlan | None]]:
-        """The driver's files this mount adds (None: none), and a placer for them."""
-        mode = self.config.inject_driver
-        wanted = with_driver if with_driver is not None else mode != "never"
-        if not wanted or record.driver:
-            yield None, None
-            return
-        try:
-            found = driver_sources.driver_set(
-                self.host, self.config.cdi_dirs, self.config.driver_root, devices, self.driver_host
-            )
-        except DriverUnavailable:
-            if with_driver or (with_driver is None and mode == "always"):
-                raise
-            yield None, None  # auto: nothing to bring is not an error
-            return
-        placer = DriverPlacer(f"{self._proc}/{container.init_pid}", self.driver_host)
-        try:
-            unasked = with_driver is None and mode == "auto"
-            needed = driver_sources.container_needs_driver
-            if unasked and (not needed(placer) or placer.read_only()):
-                yield None, None
-                return
-            try:
-                plan = driver_sources.plan_for(found, placer)
-            except (DriverRefused, UnsafePath) as exc:
-                if not unasked:
-                    raise
-                # Nobody asked for the files: the GPU still comes, without them.
-                log.warning("not bringing the driver's files into %s: %s", container.key, exc)
-                yield None, None
-                return
-            yield placer, plan
-        finally:
-            placer.close()
+            return MountResult(container.as_dict(), mounted, already, driver=summary)
 
     def _claim(
         self,
@@ -329,14 +291,19 @@ class Engine:
         created: list[NodeRecord],
         fs: ContainerFs,
         alive: Liveness,
+        place_driver: Callable[[], None] | None = None,
     ) -> None:
-        """Grant first, then create the nodes: no node appears that cannot be opened."""
+        """Grant first, then the driver's files, then create the nodes: no node appears
+        that cannot be opened, nor before the libraries that use it."""
         v1 = self.grants.v1(record.v1_dir)
         adding = [rule_of(n) for n in pending if n.v1_added]
         if adding:
             assert v1 is not None
             v1.allow_all(adding)  # one read-back of devices.list for all the lines
         self.grants.grant_v2(record.v2_dir, [*record.nodes.values(), *pending])
+        if place_driver is not None:
+            place_driver()
+            alive.check()
         for node_record in pending:
             node_record.created = fs.ensure(plan.node_of(node_record))
             if node_record.created:
@@ -349,11 +316,15 @@ class Engine:
         pending: list[NodeRecord],
         created: list[NodeRecord],
         fs: ContainerFs | None,
+        undo_driver: Callable[[], object] | None = None,
     ) -> None:
-        """Best effort, every step: the original error is what the caller must see."""
+        """Best effort, every step: the original error is what the caller must see.
+        The nodes go first, then the driver's files, then the grants."""
         for node_record in created:
             if fs is not None:
                 _quietly(fs.remove, plan.node_of(node_record))
+        if undo_driver is not None:
+            _quietly(undo_driver)
         v1 = self.grants.v1(record.v1_dir)
         for node_record in pending:
             if node_record.v1_added and v1 is not None:
@@ -370,7 +341,12 @@ class Engine:
         ref: str | ContainerRef | Container,
         device_refs: list[str] | None = None,
         force: bool = False,
+        *,
+        spare_staying: bool = True,
     ) -> UnmountResult:
+        """`force` stops the leaving devices' holders; with `spare_staying` (the default)
+        never one that also uses a device that stays (HeldWithStayingDevices). A take-back
+        (the books are wrong: the GPU is another pod's) passes False."""
         container, alive = self._enter(ref)
         with alive, self.ledger.lock(container.key):
             record = self._record_for(container, alive.start_time)
@@ -382,7 +358,7 @@ class Engine:
             if not targets:
                 return UnmountResult(container.as_dict(), [], missing, [], [])
             leaving = plan.nodes_to_remove(record, targets)
-            stopped = self._check_use(container, record, targets, leaving, force)
+            stopped = self._check_use(container, record, targets, leaving, force, spare_staying)
             staying = [k for k in record.devices if k not in targets]
             record.pending = PendingOp(
                 op="unmount",
@@ -427,22 +403,30 @@ class Engine:
         targets: list[str],
         leaving: list[NodeRecord],
         force: bool,
+        spare_staying: bool,
     ) -> list[int]:
-        numbers = {(n.major, n.minor) for n in leaving}
-        for key in targets:
-            for path in record.devices[key].node_paths:
-                if path in record.nodes:
-                    numbers.add((record.nodes[path].major, record.nodes[path].minor))
-        uuids = [d.uuid for k in targets if (d := self.inventory.get(k)) and d.uuid]
+        """Nothing may hold what leaves: the nodes that leave (a shared control node such
+        as nvidiactl only with the last device that uses it) and, by NVML, the leaving
+        GPUs. `force` stops those holders, but with `spare_staying` never one that also
+        holds a staying device's own node or has an NVML context on a staying GPU."""
+        staying = [k for k in record.devices if k not in targets]
+        own = {k: d.nodes for k in staying if (d := self.inventory.get(k)) is not None}
+        kept = plan.kept_numbers(record, targets, own) if spare_staying else set()
+        nvml = self.config.use_nvml
         return usage.clear_holders(
             self.host.proc,
             container.key,
             container.pids,
-            numbers,
-            uuids if self.config.use_nvml else [],
+            {(n.major, n.minor) for n in leaving},
+            self._uuids(targets) if nvml else [],
             force=force,
             grace=self.config.stop_grace,
+            staying_numbers=kept,
+            staying_uuids=self._uuids(staying) if nvml and spare_staying else [],
         )
+
+    def _uuids(self, keys: list[str]) -> list[str]:
+        return [d.uuid for k in keys if (d := self.inventory.get(k)) and d.uuid]
 
     def _apply_unmount(
         self,
@@ -455,18 +439,6 @@ class Engine:
         assert record.pending is not None
         leaving = record.pending.nodes
         removed: list[str] = []
-        if container is not None and record.pending.driver:
-            with self._placer(container) as placer:
-                gone_paths, lazily = driver_steps.remove_all(placer, record.pending.driver)
-            if driver_out is not None:
-                driver_out[0].extend(gone_paths)
-                driver_out[1].extend(lazily)
-            gone = {r.path for r in record.pending.driver}
-            record.driver = [r for r in record.driver if r.path not in gone]
-            if not record.driver:
-                record.driver_env = {}
-        elif container is None:
-            record.driver = []
         if container is not None:
             with self._fs(container) as fs:
                 for node_record in leaving:
@@ -477,6 +449,18 @@ class Engine:
                             removed.append(node_record.path)
                     except UnsafePath as exc:
                         log.warning("leaving %s alone: %s", node_record.path, exc)
+        if container is not None and record.pending.driver:  # after the nodes
+            check = self._proven(record)
+            gone_paths, lazily = self.driver.remove(container, record.pending.driver, check)
+            if driver_out is not None:
+                driver_out[0].extend(gone_paths)
+                driver_out[1].extend(lazily)
+            gone = {r.path for r in record.pending.driver}
+            record.driver = [r for r in record.driver if r.path not in gone]
+            if not record.driver:
+                record.driver_env = {}
+        elif container is None:
+            record.driver = []
         v1 = self.grants.v1(record.v1_dir)
         if v1 is not None:
             with contextlib.suppress(ContainerNotFound):
@@ -501,14 +485,15 @@ class Engine:
             self._apply_unmount(record, container)
             return
         fs_cm = self._fs(container) if container is not None else contextlib.nullcontext()
+        undo_driver = None
         if container is not None and record.pending.driver:
-            with self._placer(container) as placer:
-                driver_steps.remove_all(placer, record.pending.driver)
+            adding, check = record.pending.driver, self._proven(record)
+            undo_driver = functools.partial(self.driver.remove, container, adding, check)
         with fs_cm as fs:
             maybe_created = [n for n in record.pending.nodes if n.created]
             for device in record.pending.devices:
                 self.ledger.release(device, record.key)
-            self._undo_mount(record, record.pending.nodes, maybe_created, fs)
+            self._undo_mount(record, record.pending.nodes, maybe_created, fs, undo_driver)
 
     # -- status
     def status(self, ref: str | ContainerRef | Container) -> ContainerStatus:
@@ -538,71 +523,10 @@ class Engine:
                 except HotmountError as exc:
                     report.errors[record.key] = exc.message
                     log.warning("reconcile %s: %s", record.key, exc.message)
-        self._return_orphan_interfaces(report)
+        netdev_mounting.return_orphans(self, report)
         sweep_claims(self.ledger, self.inventory)
         report.netdevs += self.netdevs.reconcile(self.ledger.lock)
         return report
-
-    def _return_orphan_interfaces(self, report: ReconcileReport) -> None:
-        """Interfaces whose container no record stands behind any more (left by an agent
-        before this rule, or by an unmount whose move back failed) go back too."""
-        for container in sorted({r.container for r in self.netdevs.records()}):
-            with self.ledger.lock(container):
-                if self.ledger.load(container) is not None:
-                    continue
-                back, _ = self.netdevs.release(container)
-                report.netdevs += back
-
-    def _mount_with_netdev(
-        self,
-        ref: str | ContainerRef | Container,
-        device_refs: list[str],
-        spec: NetdevSpec,
-        options: dict[str, Any],
-    ) -> MountResult:
-        """Checks first, then the devices (with their own rollback), then the interface;
-        a failed move unmounts what this call mounted."""
-        devices = self.inventory.resolve_all(device_refs)
-        riders = companions.rdma_for(
-            self.inventory, devices, options["with_rdma"], options["rdma"] or ()
-        )
-        name = spec.name or self.netdevs.choose(
-            n for device, _ in riders.values() for n in device.netdevs
-        )
-        self.netdevs.check(spec, name)
-        container = ref if isinstance(ref, Container) else self.resolve(ref)
-        mounting = {d.key for d in devices} | set(riders)
-        self._check_netdev_owner(name, mounting, options["group"] or container.key)
-        result = self.mount(container, device_refs, **options)
-        try:
-            container, alive = self._enter(container)
-            with alive, self.ledger.lock(container.key):
-                keys = [*(d.key for d in devices), *riders]
-                self.netdevs.attach(
-                    container.key, container.init_pid, alive.start_time, spec, name, keys
-                )
-        except BaseException:
-            if result.mounted:
-                try:
-                    self.unmount(container, [m.key for m in result.mounted])
-                except HotmountError as exc:
-                    log.warning("rollback after the interface move failed: %s", exc.message)
-            raise
-        result.netdevs = [name]
-        return result
-
-    def _check_netdev_owner(self, name: str, mounting: set[str], group: str) -> None:
-        """An RDMA NIC's interface goes only with that NIC: in this mount, or already held
-        by the caller's group; else naming it would take it from whoever holds the NIC."""
-        for device in self.inventory.rdma_devices():
-            if name not in device.netdevs or device.key in mounting:
-                continue
-            held = any(c.device == device.key and c.group == group for c in self.ledger.claims())
-            if not held:
-                raise NetdevRefused(
-                    f"interface {name} belongs to RDMA device {device.key}: mount it with "
-                    "that device (rdma or withRdma), or hold the device already"
-                )
 
     def _reconcile_one(self, record: ContainerRecord, report: ReconcileReport) -> None:
         container = self._live(record)
@@ -630,8 +554,7 @@ class Engine:
         with self._fs(container) as fs:
             repair_drift(record, self.grants, fs, report)
         if record.driver:
-            with self._placer(container) as placer:
-                report.recreated += driver_steps.repair(placer, record.driver)
+            report.recreated += self.driver.repair(container, record.driver, self._proven(record))
         self.ledger.save(record)
 
     # -- helpers
@@ -678,13 +601,14 @@ class Engine:
         record = self.ledger.load(key)
         return record is not None and self._live(record) is not None
 
-    @contextlib.contextmanager
-    def _placer(self, container: Container) -> Iterator[DriverPlacer]:
-        placer = DriverPlacer(f"{self._proc}/{container.init_pid}", self.driver_host)
-        try:
-            yield placer
-        finally:
-            placer.close()
+    def _proven(self, record: ContainerRecord) -> Callable[[], None]:
+        """A check that the record's init still runs under its PID (not a reused one)."""
+
+        def check() -> None:
+            if liveness.start_time(self._proc, record.init_pid) != record.init_start_time:
+                raise ContainerNotFound(f"PID {record.init_pid} is no longer {record.key}'s init")
+
+        return check
 
     @contextlib.contextmanager
     def _fs(self, container: Container) -> Iterator[ContainerFs]:
@@ -700,16 +624,6 @@ def _mounted(device: Device) -> MountedDevice:
     return MountedDevice(
         device.key, str(device.kind), device.index, device.uuid, [n.path for n in device.nodes]
     )
-
-
-def _driver_summary(dplan: driver_sources.DriverPlan) -> dict[str, object]:
-    return {
-        "origin": dplan.origin,
-        "files": [f.path for f in dplan.files],
-        "env": dict(dplan.env),
-        "ignoredHooks": list(dplan.ignored_hooks),
-        "notes": list(dplan.notes),
-    }
 
 
 def _quietly(fn: object, *args: object) -> None:

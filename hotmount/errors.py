@@ -11,6 +11,7 @@
     │   └── DeviceNotFound             not in the node's inventory
     ├── Conflict                  409
     │   ├── DeviceBusy                 a container process holds the device open
+    │   │   └── HeldWithStayingDevices     ...and also a device that stays: never stopped
     │   ├── DeviceClaimed              the same physical device is hot-mounted elsewhere
     │   ├── UnsafePath                 an existing path is not the expected device node
     │   └── DriverRefused              the driver's files cannot be placed (a read-only root)
@@ -90,6 +91,12 @@ class DeviceBusy(Conflict):
     def __init__(self, message: str, holders: list[Holder]) -> None:
         super().__init__(message)
         self.holders = holders
+
+
+class HeldWithStayingDevices(DeviceBusy):
+    """A holder of a leaving device also holds (or has an NVML context on) a device that
+    stays in the container: `force` does not stop it, as that would take the staying
+    devices from it too (a trainer on GPU 1 when GPU 0 leaves). Same reason, same 409."""
 
 
 class DeviceClaimed(Conflict):

@@ -70,6 +70,12 @@ class DriverFileRecord(BaseModel):
     source: str
     source_root: str = "/"
     created: bool = True
+    # What was bound (a bind, once placed): the source's st_dev/st_ino then, and the
+    # mount's ID in the container. Unmount and repair compare with these, not with the
+    # host's file now: after a driver upgrade replaced it, the bind is still ours.
+    source_dev: int | None = None
+    source_ino: int | None = None
+    mnt_id: int | None = None
 
 
 class DeviceRecord(BaseModel):

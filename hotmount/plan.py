@@ -8,7 +8,9 @@ first device that needs it and goes with the last.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Mapping
 
+from hotmount.claims import CONTROL_NUMBERS
 from hotmount.devices.model import Device, DeviceNode
 from hotmount.errors import UnsafePath
 from hotmount.ledger import ContainerRecord, NodeRecord
@@ -43,6 +45,31 @@ def nodes_to_remove(record: ContainerRecord, keys: list[str]) -> list[NodeRecord
         for path in device.node_paths
     }
     return [record.nodes[path] for path in sorted(leaving - staying) if path in record.nodes]
+
+
+def kept_numbers(
+    record: ContainerRecord, keys: list[str], own: Mapping[str, Iterable[DeviceNode]]
+) -> set[tuple[int, int]]:
+    """The numbers of the nodes that are the staying devices' own (devices not in `keys`):
+    `own[key]` where the inventory knows the device, else its nodes less the control
+    nodes; never a node a leaving device also lists (a MIG parent's GPU node, nvidiactl).
+    A process that holds one of them uses a device that stays."""
+    going = {
+        (record.nodes[p].major, record.nodes[p].minor)
+        for key in keys
+        for p in record.devices[key].node_paths
+        if p in record.nodes
+    }
+    kept: set[tuple[int, int]] = set()
+    for key, device in record.devices.items():
+        if key in keys:
+            continue
+        if key in own:
+            kept |= {(n.major, n.minor) for n in own[key]}
+        else:
+            paths = [p for p in device.node_paths if p in record.nodes]
+            kept |= {(record.nodes[p].major, record.nodes[p].minor) for p in paths}
+    return kept - going - CONTROL_NUMBERS
 
 
 def node_of(record: NodeRecord) -> DeviceNode:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from hotmount.errors import DeviceBusy, Holder
+from hotmount.errors import DeviceBusy, HeldWithStayingDevices, Holder
 
 
 def holders(proc: Path, pids: Iterable[int], numbers: set[tuple[int, int]]) -> list[Holder]:
@@ -162,11 +162,17 @@ def clear_holders(
     *,
     force: bool,
     grace: float,
+    staying_numbers: set[tuple[int, int]] | None = None,
+    staying_uuids: list[str] | None = None,
 ) -> list[int]:
     """Nothing in `container` may hold the device numbers (or, by NVML, the GPUs `uuids`)
     when it is revoked: DeviceBusy naming each holder, or with `force` stop them (the
     PIDs stopped). pidfds first, then the scan, then signals through the pidfds: a holder
-    that exits meanwhile cannot pass its signal on to whoever gets its PID next."""
+    that exits meanwhile cannot pass its signal on to whoever gets its PID next.
+
+    `force` never stops a holder that also holds one of `staying_numbers` (or, by NVML,
+    uses a GPU of `staying_uuids`): the devices that stay in the container are its too.
+    HeldWithStayingDevices names it, and nothing is signalled."""
     with Pinned.pin(list_pids) as pinned:
         found = _pinned_holders(pinned, proc, numbers, uuids)
         if not found:
@@ -174,6 +180,13 @@ def clear_holders(
         if not force:
             names = ", ".join(f"PID {h.pid} ({h.command}) holds {h.path}" for h in found)
             raise DeviceBusy(f"the device is in use in container {container}: {names}", found)
+        also = _also_staying(pinned, proc, found, staying_numbers or set(), staying_uuids or [])
+        if also:
+            raise HeldWithStayingDevices(
+                f"not stopping processes in container {container} that also use devices that "
+                f"stay: {_also_text(found, also)}",
+                [h for h in found if h.pid in {a.pid for a in also}],
+            )
         stopped = pinned.stop({h.pid for h in found}, grace)
     with Pinned.pin(list_pids) as again:
         still = _pinned_holders(again, proc, numbers, uuids)
@@ -182,14 +195,49 @@ def clear_holders(
     return stopped
 
 
+_NVML = "(NVML)"  # a Holder's path where NVML, not an fd, says it uses the GPU
+_NVML_TEXT = "an NVML context"
+
+
 def _pinned_holders(
     pinned: Pinned, proc: Path, numbers: set[tuple[int, int]], uuids: list[str]
 ) -> list[Holder]:
     """Holders by fd scan, plus the GPUs' NVML processes among the pinned PIDs."""
     found = pinned.holders(proc, numbers)
     extra = (nvml_pids(uuids) & set(pinned.pids)) - {h.pid for h in found}
-    found += [Holder(pid, comm(proc, pid), "(NVML)") for pid in extra]
+    found += [Holder(pid, comm(proc, pid), _NVML) for pid in extra]
     return found
+
+
+def _also_staying(
+    pinned: Pinned,
+    proc: Path,
+    found: list[Holder],
+    numbers: set[tuple[int, int]],
+    uuids: list[str],
+) -> list[Holder]:
+    """Of the holders `found`, where they also hold a staying device (`numbers`, `uuids`)."""
+    if not numbers and not uuids:
+        return []
+    pids = {h.pid for h in found}
+    return [h for h in _pinned_holders(pinned, proc, numbers, uuids) if h.pid in pids]
+
+
+def _also_text(found: list[Holder], also: list[Holder]) -> str:
+    """`PID 7 (python) holds /dev/nvidia3 (leaving) and /dev/nvidia1 (staying)`, each."""
+
+    def uses(holders: list[Holder], pid: int) -> str:
+        paths = [_NVML_TEXT if h.path == _NVML else h.path for h in holders if h.pid == pid]
+        return ", ".join(dict.fromkeys(paths))
+
+    parts = []
+    for pid in sorted({a.pid for a in also}):
+        command = next(h.command for h in found if h.pid == pid)
+        parts.append(
+            f"PID {pid} ({command}) holds {uses(found, pid)} (leaving) "
+            f"and {uses(also, pid)} (staying)"
+        )
+    return "; ".join(parts)
 
 
 def _signal(pidfd: int, signum: int) -> bool:

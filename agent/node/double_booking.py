@@ -185,7 +185,7 @@ class DoubleBookings:
                 if current is None or current.mounted_at != entry.mounted_at:
                     return  # unmounted (or mounted anew) meanwhile
                 before = {h for h in [current.metadata.get("holder")] if h}
-                self.engine.unmount(ref, [entry.key], force=True)
+                self.engine.unmount(ref, [entry.key], force=True, spare_staying=False)
                 self.holders.release(namespace, before)
         except (HotmountError, ApiError) as exc:
             log.warning("cannot take double-booked %s back from %s: %s", entry.key, ref, exc)

@@ -339,7 +339,7 @@ class HolderPods:
                             and now.devices[k].metadata.get("holder") == holder
                         ]
                         if mine:
-                            self.engine.unmount(ref, mine, force=True)
+                            self.engine.unmount(ref, mine, force=True, spare_staying=False)
                 except HotmountError as exc:
                     log.warning("cannot take back %s from %s: %s", keys, ref, exc.message)
                     continue

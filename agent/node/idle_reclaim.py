@@ -25,7 +25,7 @@ from hotmount import engine as eng
 from hotmount import usage
 from hotmount.activity import ActivitySampler, GpuActivity
 from hotmount.devices.rdma import RDMA_NODE_DIR, is_rdma
-from hotmount.errors import DeviceBusy, HotmountError
+from hotmount.errors import DeviceBusy, HeldWithStayingDevices, HotmountError
 from hotmount.ledger import ContainerRecord, DeviceRecord
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,10 @@ class IdleReclaim:
         sample the GPU. The clock starts at the first look that finds it idle. The
         unmount runs under the container's lock: under `unheld` the engine checks for
         holders again (a process that opened the GPU since keeps it); under `unused` the
-        GPU is sampled again and its holders are stopped (SIGTERM, then SIGKILL).
+        GPU is sampled again and its holders are stopped (SIGTERM, then SIGKILL), but
+        never a process that also uses a GPU that stays: that reclaim is skipped and the
+        pod told why (GPUReclaimSkipped). The shared control nodes count only when the
+        container's last GPU leaves (hotmount/engine.py `_check_use`).
         """
         state = self._state()
         mounts = []
@@ -176,6 +179,7 @@ class IdleReclaim:
             device = self.engine.inventory.get(entry.key)
             if idle.policy_of(entry.metadata) == idle.UNUSED and device and device.uuid:
                 uuids.append(device.uuid)
+        self._sampler.retain(uuids)  # GPUs no longer under `unused` lose their cursor
         if not uuids or not self.engine.config.use_nvml:
             return {}
         return self._sampler.sample(uuids)
@@ -286,6 +290,9 @@ class IdleReclaim:
                         released = self.holders.release(namespace, before)
                     except ApiError as exc:
                         log.warning("reclaim: holder pod release: %s", exc.message)
+        except HeldWithStayingDevices as exc:
+            self._skipped(look, exc)
+            return False
         except DeviceBusy as exc:
             self._idle.observe(key, 1, time.time())  # opened meanwhile: held again
             log.info(
@@ -315,6 +322,19 @@ class IdleReclaim:
         container = meta.get("container") or ref
         self._pod_event(entry, "GPUReclaimed", f"took {label} back from {container}: {why}")
         return True
+
+    def _skipped(self, look: _Look, exc: HeldWithStayingDevices) -> None:
+        """A process uses this GPU and one that stays: it is not stopped, the GPU stays,
+        the pod is told why (Event), and the clock starts again (a warning comes first)."""
+        self._idle.observe(look.key, 1, time.time())
+        label = self._device_text(look.entry.key)
+        container = look.entry.metadata.get("container") or look.record.key
+        message = (
+            f"did not take {label} back from {container}: {exc.message}. Stopping them "
+            "would stop their work on the GPUs that stay; the idle clock starts again"
+        )
+        log.info("%s", message)
+        self._pod_event(look.entry, "GPUReclaimSkipped", message, warning=True)
 
     def _used_again(self, record: ContainerRecord, entry: DeviceRecord) -> bool:
         """Under `unused`, a last look just before the holders are stopped."""

@@ -150,6 +150,17 @@ class Listing:
             containers=containers,
         )
 
+    def mounted_namespaces(self) -> list[str]:
+        """The namespaces of this node's mounts, from the ledger alone (no API call)."""
+        return sorted(
+            {
+                d.metadata["namespace"]
+                for r in self.engine.ledger.records()
+                for d in r.devices.values()
+                if d.metadata.get("pod") and d.metadata.get("namespace")
+            }
+        )
+
     def namespace_mounts(self, namespace: str) -> list[PodDevices]:
         return self.all_mounts(namespace).get(namespace, [])
 

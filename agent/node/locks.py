@@ -3,24 +3,50 @@
 Operations on one container run one at a time; operations on different containers run
 side by side, and two containers racing for one device meet at the engine's claim (one
 wins, the other gets 409).
+
+A container's lock lives while someone holds it or waits for it, and goes with the last
+of them: a node that sees thousands of containers come and go keeps no lock for those
+gone. The count of users is kept under the guard lock, so a caller either finds the lock
+object the others hold or wait on, or, when there is none, makes the only one.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+class _Entry:
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0  # holders and waiters
+
+
 class ContainerLocks:
     def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._entries: dict[str, _Entry] = {}
         self._guard = threading.Lock()
 
     @contextmanager
     def hold(self, container_id: str) -> Iterator[None]:
         with self._guard:
-            lock = self._locks[container_id]
-        with lock:
-            yield
+            entry = self._entries.get(container_id)
+            if entry is None:
+                entry = self._entries[container_id] = _Entry()
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._guard:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._entries[container_id]
+
+    def __len__(self) -> int:
+        """How many containers have a lock now (held or waited for)."""
+        with self._guard:
+            return len(self._entries)

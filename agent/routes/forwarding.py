@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from agent.auth import Identity
 from agent.errors import NotOnThisNode
-from agent.gateway import Gateway
+from agent.gateway import FORWARDED, Gateway
 
 T = TypeVar("T")
 
@@ -27,6 +27,11 @@ def local_or_forward(
     except NotOnThisNode as exc:
         if gateway is None:
             raise
+        if request.headers.get(FORWARDED):  # one hop: a second would be a loop
+            raise NotOnThisNode(
+                f"the pod is on node {exc.node}, and this request was forwarded already",
+                exc.node,
+            ) from exc
         answer = gateway.forward(
             caller,
             exc.node,

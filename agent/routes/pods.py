@@ -55,7 +55,14 @@ def mount(
     mounting: Mounting,
     gateway: Gate,
 ) -> MountResult | Any:
-    authz.require_mount(caller, namespace, pod, body.share_with, body.force)
+    authz.require_mount(
+        caller,
+        namespace,
+        pod,
+        body.share_with,
+        body.force,
+        netdev=body.netdev_request() is not None,
+    )
     return local_or_forward(
         lambda: mounting.mount_pod(namespace, pod, body, caller.name),
         request,

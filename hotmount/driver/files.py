@@ -46,6 +46,7 @@ DRIVER_TOOLS = (
     "nvidia-cuda-mps-server",
 )
 TOOL_DIRS = ("/usr/bin", "/bin")
+FIRMWARE_DIRS = ("/lib/firmware/nvidia", "/usr/lib/firmware/nvidia")
 _FORBIDDEN_TOPS = ("/proc", "/sys", "/dev")
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 
@@ -85,6 +86,7 @@ class DriverSet:
     ld_folders: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     ignored_hooks: list[str] = field(default_factory=list)
+    ignored_mounts: list[str] = field(default_factory=list)
     origin: str = ""
 
 
@@ -104,7 +106,11 @@ def from_cdi_edits(edits: list[dict[str, Any]], origin: str) -> DriverSet:
     found = DriverSet(origin=origin)
     for edit in edits:
         for mount in edit.get("mounts") or []:
-            found.binds.append(_cdi_mount(mount))
+            bind = _cdi_mount(mount)
+            if is_driver_bind(bind):
+                found.binds.append(bind)
+            else:
+                found.ignored_mounts.append(f"{bind.source} -> {bind.path}")
         for hook in edit.get("hooks") or []:
             _cdi_hook(hook, found)
         for entry in edit.get("env") or []:
@@ -128,6 +134,30 @@ def _cdi_mount(mount: Any) -> DriverFile:
         raise DriverUnavailable(f"CDI mount hostPath {host!r} is not an absolute path")
     target = container_path(mount.get("containerPath"), "CDI mount containerPath")
     return DriverFile(target, BIND, posixpath.normpath(host))
+
+
+def is_firmware(path: str) -> bool:
+    """Under NVIDIA's firmware directories: the only place a directory may be bound."""
+    return any(path.startswith(top + "/") for top in FIRMWARE_DIRS)
+
+
+def is_driver_bind(file: DriverFile) -> bool:
+    """The allow-list for a CDI spec's mounts: only what a driver brings is bound.
+
+    Any CDI device's spec is read, and a spec may mount what its own runtime needs (a
+    daemon's socket directory, /run/...): bound, a tenant could reach it. So a mount is
+    bound only as a library (`lib*.so*` directly in a linker default directory), a tool
+    (`nvidia*` in /usr/bin or /bin) or firmware (under lib/firmware/nvidia), and only
+    from the same path on the host, under some root (`/`, a driver root); everything
+    else is left out and reported."""
+    directory, name = posixpath.split(file.path)
+    if not file.source.endswith(file.path):
+        return False
+    if is_firmware(file.path):
+        return True
+    if directory in library_dirs():
+        return name.startswith("lib") and ".so" in name
+    return directory in TOOL_DIRS and name.startswith("nvidia")
 
 
 def _cdi_hook(hook: Any, found: DriverSet) -> None:

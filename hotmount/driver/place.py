@@ -17,23 +17,28 @@ import logging
 import os
 import posixpath
 import stat
+from typing import NamedTuple
 
 from hotmount.devnodes import (
     RESOLVE_IN_ROOT,
     RESOLVE_NO_MAGICLINKS,
+    RESOLVE_NO_XDEV,
     Openat2Fs,
     describe,
     openat2,
     openat2_available,
 )
 from hotmount.driver import elf, mountapi
-from hotmount.driver.files import BIND, DriverFile, library_dirs
+from hotmount.driver.files import BIND, DriverFile, is_firmware, library_dirs
 from hotmount.errors import ContainerNotFound, DriverRefused, KernelError, UnsafePath
 from hotmount.hostfs import HostRoot
 
 log = logging.getLogger(__name__)
 
 _RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
+# In the container, never across a mount: a volume (an NFS share the tenant can stop, a
+# host directory) is not where the driver's files go, nor what the placer walks.
+_RESOLVE_TARGET = _RESOLVE | RESOLVE_NO_XDEV
 _ABSENT, _PRESENT, _MISMATCH = "absent", "present", "mismatch"
 _SONAME_BYTES = 8 << 20  # the dynamic section and its strings sit near a library's start
 _CACHE_BYTES = 16 << 20
@@ -97,9 +102,10 @@ class HostSources:
         except OSError as exc:
             raise DriverRefused(f"host file {file.source}: {exc.strerror}") from exc
         mode = os.fstat(fd).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        if not (stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and is_firmware(file.path))):
             os.close(fd)
-            raise DriverRefused(f"host file {file.source} is not a regular file or directory")
+            what = "a regular file" if not is_firmware(file.path) else "a file or directory"
+            raise DriverRefused(f"host file {file.source} is not {what}")
         return fd
 
     def identity(self, file: DriverFile) -> tuple[int, int]:
@@ -123,13 +129,28 @@ class HostSources:
             os.close(fd)
 
 
+class TargetFs(Openat2Fs):
+    """The container's root filesystem only: paths that cross into another mount
+    (a volume, a bind) are refused, never followed."""
+
+    _RESOLVE = _RESOLVE_TARGET
+
+    def _error(self, path: str, exc: OSError) -> Exception:
+        if exc.errno == errno.EXDEV:
+            return UnsafePath(
+                f"{path} in the container crosses into another mount (a volume?); "
+                "the driver's files go only into the container's own root filesystem"
+            )
+        return super()._error(path, exc)
+
+
 class DriverPlacer:
     """One container's side: look, place, remove. Close it when done."""
 
     def __init__(self, proc_pid_dir: str, host: HostRoot) -> None:
         if not openat2_available():
             raise DriverRefused("placing driver files needs openat2 (kernel 5.6+)")
-        self.fs = Openat2Fs(proc_pid_dir)
+        self.fs = TargetFs(proc_pid_dir)
         self.sources = HostSources(host)
         try:
             self.ns_fd = os.open(f"{proc_pid_dir}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
@@ -163,7 +184,7 @@ class DriverPlacer:
         file is then opened (through that fd: the same inode), non-blocking, no tty."""
         try:
             path_fd = openat2(self.fs.root_fd, "/etc/ld.so.cache", os.O_PATH | os.O_CLOEXEC,
-                              _RESOLVE)  # fmt: skip
+                              _RESOLVE_TARGET)  # fmt: skip
         except OSError:
             return None
         try:
@@ -199,23 +220,42 @@ class DriverPlacer:
         except OSError:
             return False
 
-    def state(self, file: DriverFile) -> str:
+    def state(self, file: DriverFile, mounted: Mounted | None = None) -> str:
+        """absent, present (exactly ours) or mismatch. `mounted`: what was bound there
+        (else the host's file now is what a bind must show)."""
         parent, name = posixpath.split(file.path)
         dirfd = self._dir(parent, create=False)
         if dirfd is None:
             return _ABSENT
-        return self._state_at(dirfd, name, file)
+        return self._state_at(dirfd, name, file, mounted)
 
-    def _state_at(self, dirfd: int, name: str, file: DriverFile) -> str:
+    def _state_at(
+        self, dirfd: int, name: str, file: DriverFile, mounted: Mounted | None = None
+    ) -> str:
         try:
             st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
         except FileNotFoundError:
             return _ABSENT
+        if file.kind == BIND and mounted is not None:
+            same = (st.st_dev, st.st_ino) == (mounted.dev, mounted.ino)
+            return _PRESENT if same and _mnt_id(dirfd, name) == mounted.mnt_id else _MISMATCH
         if file.kind == BIND:
             return _PRESENT if (st.st_dev, st.st_ino) == self.sources.identity(file) else _MISMATCH
         if stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=dirfd) == file.source:
             return _PRESENT
         return _MISMATCH
+
+    def mounted(self, file: DriverFile) -> Mounted | None:
+        """What a bind placed at `file.path` is now (None: not there, or a symlink)."""
+        parent, name = posixpath.split(file.path)
+        dirfd = self._dir(parent, create=False)
+        if file.kind != BIND or dirfd is None:
+            return None
+        try:
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return Mounted(st.st_dev, st.st_ino, _mnt_id(dirfd, name))
 
     def check(self, file: DriverFile) -> None:
         """Refuse, before anything changes, a target that holds something else."""
@@ -289,13 +329,15 @@ class DriverPlacer:
             raise KernelError(f"{path} in the container: {exc.strerror}") from exc
 
     # -- remove
-    def remove(self, file: DriverFile, created: bool) -> tuple[bool, bool]:
+    def remove(
+        self, file: DriverFile, created: bool, mounted: Mounted | None = None
+    ) -> tuple[bool, bool]:
         """Take one addition out if it is still ours: (removed, detached lazily)."""
         parent, name = posixpath.split(file.path)
         dirfd = self._dir(parent, create=False)
         if dirfd is None:
             return False, False
-        state = self._state_at(dirfd, name, file)
+        state = self._state_at(dirfd, name, file, mounted)
         if file.kind != BIND:
             if state != _PRESENT or not created:
                 return False, False
@@ -345,6 +387,32 @@ class DriverPlacer:
         return UnsafePath(
             f"{file.path} in the container is {what}, not {wanted}; refusing to overwrite it"
         )
+
+
+class Mounted(NamedTuple):
+    """A bind as placed: the source's identity and the mount's ID in the container."""
+
+    dev: int
+    ino: int
+    mnt_id: int | None
+
+
+def _mnt_id(dirfd: int, name: str) -> int | None:
+    """The ID of the mount `name` is on (a bind: its own), from the fd's fdinfo."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return None
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as info:
+            for line in info:
+                if line.startswith("mnt_id:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None
 
 
 def _empty(dirfd: int, name: str) -> bool:

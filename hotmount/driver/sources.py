@@ -67,7 +67,9 @@ def driver_set(
     gpus = [d for d in devices if d.kind in (DeviceKind.GPU, DeviceKind.MIG)]
     for path, spec in specs if gpus else []:
         if spec.get("kind") == NVIDIA_KIND and (spec.get("containerEdits") or {}).get("mounts"):
-            return files.from_cdi_edits([spec["containerEdits"]], f"CDI spec {path}")
+            found = files.from_cdi_edits([spec["containerEdits"]], f"CDI spec {path}")
+            if found.binds:  # none that passed the allow-list: no source
+                return found
     raise DriverUnavailable(
         "no driver files for these devices: their CDI spec has no mounts and the node "
         "has no driver root (--driver-root)"
@@ -137,6 +139,10 @@ def plan_for(found: DriverSet, placer: DriverPlacer) -> DriverPlan:
         env.setdefault("LD_LIBRARY_PATH", ":".join(folders))
     if libc_dir is None:
         notes.append("the container has no libc.so.6 in a default linker directory")
+    if found.ignored_mounts:
+        notes.append(
+            "not bound, not a driver library, tool or firmware: " + ", ".join(found.ignored_mounts)
+        )
     return DriverPlan(found.binds + links, env, found.origin, found.ignored_hooks, notes)
 
 

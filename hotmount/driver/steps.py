@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from hotmount.driver.files import DriverFile
-from hotmount.driver.place import DriverPlacer
+from hotmount.driver.place import DriverPlacer, Mounted
 from hotmount.driver.sources import DriverPlan
 from hotmount.errors import HotmountError
 from hotmount.ledger import DriverFileRecord
@@ -19,6 +19,19 @@ log = logging.getLogger(__name__)
 
 def file_of(record: DriverFileRecord) -> DriverFile:
     return DriverFile(record.path, record.kind, record.source, record.source_root)
+
+
+def mounted_of(record: DriverFileRecord) -> Mounted | None:
+    if record.source_dev is None or record.source_ino is None:
+        return None  # a record from before these were kept: compare with the host's file
+    return Mounted(record.source_dev, record.source_ino, record.mnt_id)
+
+
+def note_mounted(placer: DriverPlacer, record: DriverFileRecord) -> None:
+    """Keep what a bind we placed shows, for unmount and repair to recognise it later."""
+    found = placer.mounted(file_of(record))
+    if found is not None:
+        record.source_dev, record.source_ino, record.mnt_id = found
 
 
 def records_for(plan: DriverPlan, placer: DriverPlacer) -> list[DriverFileRecord]:
@@ -43,6 +56,7 @@ def place_all(placer: DriverPlacer, records: list[DriverFileRecord]) -> None:
     for record in records:
         if record.created:
             placer.place(file_of(record))
+            note_mounted(placer, record)
 
 
 def remove_all(
@@ -54,7 +68,7 @@ def remove_all(
         if not record.created:
             continue
         try:
-            gone, lazily = placer.remove(file_of(record), created=True)
+            gone, lazily = placer.remove(file_of(record), True, mounted_of(record))
         except HotmountError as exc:
             log.warning("leaving %s alone: %s", record.path, exc.message)
             continue
@@ -70,10 +84,12 @@ def repair(placer: DriverPlacer, records: list[DriverFileRecord]) -> int:
     restored = 0
     for record in records:  # binds before the links to them, as placed
         file = file_of(record)
-        if placer.state(file) == "absent":
+        state = placer.state(file, mounted_of(record))
+        if state == "absent":
             placer.place(file)
             record.created = True
+            note_mounted(placer, record)
             restored += 1
-        elif placer.state(file) == "mismatch":
-            log.warning("%s in %s is no longer the driver's file; left alone", record.path, "")
+        elif state == "mismatch":
+            log.warning("%s is no longer the driver's file; left alone", record.path)
     return restored

@@ -55,7 +55,7 @@ def smi(container: RuncContainer) -> tuple[int, str]:
 
 @pytest.mark.parametrize(
     ("body", "flags"),
-    [({"withDriver": True}, ["--inject-driver", "never"]), ({}, [])],
+    [({"withDriver": True}, ["--inject-driver", "always"]), ({}, [])],
     ids=["with-driver", "node-default-auto"],
 )
 def test_the_stand_in_nvidia_smi_runs_after_the_mount_and_is_gone_after_the_unmount(
@@ -130,3 +130,27 @@ def test_bad_driver_requests_change_nothing(
         assert f"nvidia{GPUS[0].minor}" not in container.ls_dev()
         assert api.get(PODS).json()["containers"] == []
         assert container.exec("ls", "/usr/bin/nvidia-smi").returncode != 0
+
+
+def test_with_driver_on_a_node_whose_inject_driver_is_never_is_refused_and_changes_nothing(
+    cluster: Cluster, driver_root: Path
+) -> None:
+    """`--inject-driver=never` is the node's off switch: a request cannot turn it on. The
+    caller asked for something the node forbids: a clear 400, no device, no file."""
+    container = plain_pod(cluster)
+    agent = cluster.agent(extra=["--driver-root", str(driver_root), "--inject-driver", "never"])
+    with agent.client(ALICE) as api:
+        refused = api.post(PODS, json={"devices": ["0"], "withDriver": True})
+
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["reason"] == "DriverUnavailable"
+        assert "--inject-driver=never" in refused.json()["message"]
+        assert f"nvidia{GPUS[0].minor}" not in container.ls_dev()
+        assert api.get(PODS).json()["containers"] == []
+        assert smi(container)[0] != 0
+
+        plain = api.post(PODS, json={"devices": ["0"]})  # the GPU alone still comes
+
+        assert plain.status_code == 200, plain.text
+        assert plain.json()["driver"] is None
+        assert smi(container)[0] != 0

@@ -2,9 +2,10 @@
 
 Two real agent processes (node-a and node-b) share the host, each with its own
 state directory; the fake API server knows both as pods of the agents' DaemonSet.
-The forwarding agent authenticates with the agents' ServiceAccount token and
-asserts the caller in X-Hotmount-User/-Group; the receiving agent authorizes that
-user itself, and never forwards a forwarded request again.
+The forwarding agent sends a bearer caller's own token on, and the receiving agent
+reviews and authorizes that user itself; only a front-proxy caller is asserted in
+X-Hotmount-User/-Group with the agents' ServiceAccount token (the crafted calls here
+stand for that path). A forwarded request is never forwarded again.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def test_mount_get_unmount_forwarded_to_the_pods_node(cluster: Cluster) -> None:
     decisions = messages(node_b, "hotmount.audit")
     for verb in ("create", "get", "delete"):
         assert any(
-            m.startswith(f"allow user=alice via=gateway verb={verb} pod=default/nb")
+            m.startswith(f"allow user=alice via=token verb={verb} pod=default/nb")
             for m in decisions
         ), decisions
     assert not any(m.startswith("forwarding") for m in messages(node_b, "agent.gateway"))
@@ -135,7 +136,7 @@ def test_lists_fan_out_to_every_agent(cluster: Cluster) -> None:
         assert sorted(i["metadata"]["name"] for i in nodes.json()["items"]) == ["node-a", "node-b"]
 
 
-def test_receiving_agent_authorizes_the_asserted_user_itself(cluster: Cluster) -> None:
+def test_receiving_agent_authorizes_the_forwarded_user_itself(cluster: Cluster) -> None:
     """node-a still believes alice may (it cached an allow); node-b asks again and refuses."""
     container = cluster.pod("gpu", namespace="other", node="node-b")
     grant = RevocableRule(
@@ -161,7 +162,7 @@ def test_receiving_agent_authorizes_the_asserted_user_itself(cluster: Cluster) -
         assert "other/gpu" in refused.json()["message"]
     assert container.open_result(NVIDIA3) == "ENOENT"
     assert any(
-        m.startswith("deny user=alice via=gateway verb=create pod=other/gpu")
+        m.startswith("deny user=alice via=token verb=create pod=other/gpu")
         for m in messages(node_b, "hotmount.audit")
     )
     # node-a let it through from its cache: the refusal was node-b's
@@ -201,6 +202,10 @@ def test_a_forwarded_request_is_never_forwarded_again(cluster: Cluster) -> None:
                 headers=as_alice,
             ),
         ]
+    with node_b.client(ALICE) as api:  # a bearer caller's token, forwarded once already
+        answers.append(
+            api.post(path, json={"devices": ["0"]}, headers={"x-hotmount-forwarded": "1"})
+        )
     for answer in answers:
         assert answer.status_code == 421, answer.text
         body = answer.json()

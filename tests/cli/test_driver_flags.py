@@ -89,7 +89,7 @@ def test_nvcli_prints_what_to_export_and_json_carries_it(
     nvcli: Nvcli, real: RealCluster, driver_root: Path
 ) -> None:
     container = own_pod(real)
-    agent = real.agent(extra=["--driver-root", str(driver_root), "--inject-driver", "never"])
+    agent = real.agent(extra=["--driver-root", str(driver_root), "--inject-driver", "always"])
     args = agent_args(agent.url, ALICE, "default")
 
     mounted = nvcli("mount", "--name", "nb", "--mount", "0", "--with-driver", *args)

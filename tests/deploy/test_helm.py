@@ -344,13 +344,16 @@ def test_security_values_reach_the_agent(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.delenv(name, raising=False)
     default = load_settings(agent_argv(find(render(f"tls.caBundle={TEST_CA_BUNDLE}"), "DaemonSet")))
     assert not default.metrics_anonymous and not default.refuse_unbound_service_account_tokens
+    assert not default.allow_asserted_force
     objects = render(
         f"tls.caBundle={TEST_CA_BUNDLE}",
         "metricsAnonymous=true",
         "refuseUnboundServiceAccountTokens=true",
+        "allowAssertedForce=true",
     )
     settings = load_settings(agent_argv(find(objects, "DaemonSet")))
     assert settings.metrics_anonymous and settings.refuse_unbound_service_account_tokens
+    assert settings.allow_asserted_force
 
 
 @pytest.mark.parametrize(("version", "policy"), [("1.20.2", None), ("1.22.0", "Local"),

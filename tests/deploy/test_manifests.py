@@ -98,7 +98,9 @@ def test_main_directory_has_no_duplicates_and_every_kind():
     kinds = sorted({k[1] for k in table})
     expected = "APIService ClusterRole ClusterRoleBinding DaemonSet Namespace Role RoleBinding"
     policy = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
-    assert kinds == sorted([*expected.split(), "Service", "ServiceAccount", *policy])
+    assert kinds == sorted(
+        [*expected.split(), "NetworkPolicy", "Service", "ServiceAccount", *policy]
+    )
     for obj in MAIN:
         if obj["kind"] in ("DaemonSet", "Service", "ServiceAccount"):
             assert obj["metadata"]["namespace"] == NAMESPACE

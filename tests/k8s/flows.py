@@ -121,6 +121,18 @@ class Release:
                 # GPU utilization the tests write (issue 20); no file: every GPU is idle
                 {"name": "FAKE_NVML_ACTIVITY", "value": f"{NVML_MOUNT}/{NVML_ACTIVITY}"},
             ],
+            # Notebooks and the bearer flows call the agents from `default` (Service
+            # gpu-hotmount-local): admitted as a real cluster must admit them. The tier's
+            # bridge CNI enforces no NetworkPolicy; the policy is still installed.
+            "networkPolicy": {
+                "clients": [
+                    {
+                        "namespaceSelector": {
+                            "matchLabels": {"kubernetes.io/metadata.name": "default"}
+                        }
+                    }
+                ]
+            },
             **({"driver": self.driver} if self.driver else {}),
         }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -17,12 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from hotmount import liveness
 from hotmount.engine import Engine, EngineConfig
-from hotmount.errors import DriverRefused, UnsafePath
+from hotmount.errors import ContainerNotFound, DriverRefused, DriverUnavailable, UnsafePath
+from hotmount.ledger import PendingOp
 from tests.fakes import driver as stand_in
 from tests.fakes import nvml
 from tests.kernel.conftest import STAND_IN_SPEC, engine_cli
+from tests.support.pids import pid_exists, spawn_with_pid
 from tests.support.runc import RuncContainer, make_rootfs
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(nvml.gcc() is None, reason="gcc builds the stand-in driver")
 
@@ -188,9 +193,7 @@ def test_a_busy_library_is_detached_lazily_and_its_user_keeps_it(
     library = f"{LIB}/libnvidia-ml.so.{stand_in.VERSION}"
     holder = container.exec_in_background("sh", "-c", f"exec 3<{library}; exec sleep 100000")
     try:
-        for _ in range(100):
-            if _holds(container, library):
-                break
+        wait_for(lambda: _holds(container, library), f"the background shell to hold {library}")
         gone = engine.unmount(container.id, [GPU])
         assert library in gone.driver_detached
         assert _smi(container)[0] != 0
@@ -385,3 +388,201 @@ def test_the_bound_files_are_private_mounts_never_peers_of_the_host(
     optional = line.split(" - ")[0].split()[6:]
     assert not any(tag.startswith(("shared:", "master:")) for tag in optional), line
     engine.unmount(container.id)
+
+
+def _auto(engine: Engine) -> Engine:
+    return Engine(EngineConfig(**{**engine.config.__dict__, "inject_driver": "auto"}))
+
+
+def test_the_files_come_before_the_device_node_so_a_failed_placing_never_shows_it(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    """A process must never see the GPU without its libraries: the files are placed
+    before the node. Here placing fails midway (a dangling /usr/bin, absent when the plan
+    looked, no directory when the tool is placed) after the libraries went in: the node
+    was never made, so the container's /dev never changed, and the libraries are out."""
+    rootfs = _rootfs(tmp_path / "image")
+    (rootfs / "usr").mkdir(exist_ok=True)
+    (rootfs / "usr/bin").symlink_to("/nowhere")
+    container = run_container(rootfs)
+    dev = Path(f"/proc/{container.pid}/root/dev")
+    before = dev.stat()
+
+    with pytest.raises(UnsafePath, match="/usr/bin"):
+        engine.mount(container.id, [GPU], with_driver=True)
+
+    after = dev.stat()
+    assert (after.st_mtime_ns, after.st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns)
+    assert "nvidia0" not in container.ls_dev()
+    assert container.exec("ls", LIB).stdout.split() == []
+    assert engine.ledger.records() == [] and engine.ledger.claims() == []
+
+
+def test_with_driver_on_an_engine_whose_inject_driver_is_never_is_refused(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    """`never` is an off switch: a request's with_driver cannot turn it on."""
+    never = Engine(EngineConfig(**{**engine.config.__dict__, "inject_driver": "never"}))
+    container = run_container(_rootfs(tmp_path / "image"))
+
+    with pytest.raises(DriverUnavailable, match="inject-driver=never"):
+        never.mount(container.id, [GPU], with_driver=True)
+
+    assert "nvidia0" not in container.ls_dev()
+    assert never.ledger.records() == [] and never.ledger.claims() == []
+    assert never.mount(container.id, [GPU]).driver is None
+    assert _smi(container)[0] != 0
+
+
+def test_auto_mounts_the_gpu_without_the_files_where_the_image_has_its_own_nvidia_smi(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    """Nobody asked for the files: a target that holds the image's own file is no
+    reason to refuse the GPU (with_driver=True still refuses, above)."""
+    rootfs = _rootfs(tmp_path / "image")
+    (rootfs / "usr/bin").mkdir(parents=True)
+    (rootfs / "usr/bin/nvidia-smi").write_text("#!/bin/sh\necho the image's own\n")
+    container = run_container(rootfs)
+
+    result = _auto(engine).mount(container.id, [GPU])
+
+    assert result.driver is None and [m.key for m in result.mounted]
+    assert "nvidia0" in container.ls_dev()
+    assert (rootfs / "usr/bin/nvidia-smi").read_text() == "#!/bin/sh\necho the image's own\n"
+    assert not (rootfs / LIB.lstrip("/")).exists() or not list((rootfs / LIB.lstrip("/")).iterdir())
+
+
+def test_unmount_takes_out_a_bind_whose_host_file_was_replaced_since(
+    engine: Engine, run_container, tmp_path: Path, driver_root: Path
+) -> None:
+    """A driver upgrade replaces the host's files (new inodes): the binds in the
+    container are still the ones we made, and unmount and reconcile know them so."""
+    container = run_container(_rootfs(tmp_path / "image"))
+    engine.mount(container.id, [GPU], with_driver=True)
+    library = f"{LIB}/libcuda.so.{stand_in.VERSION}"
+    host_file = driver_root / library.lstrip("/")
+    replacement = host_file.with_name(host_file.name + ".new")
+    shutil.copy2(host_file, replacement)
+    os.replace(replacement, host_file)  # same bytes, a new inode: as a package upgrade
+
+    assert engine.reconcile().recreated == 0
+    gone = engine.unmount(container.id, [GPU])
+
+    assert library in gone.driver_removed
+    assert container.exec("ls", LIB).stdout.split() == []
+    assert not any(library in line for line in _mountinfo(container))
+
+
+def _mountinfo(container: RuncContainer) -> list[str]:
+    return Path(f"/proc/{container.pid}/mountinfo").read_text().splitlines()
+
+
+@pytest.fixture
+def volume_at_lib(tmp_path: Path, run_container) -> RuncContainer:
+    """A container whose library directory is a volume (a tmpfs mounted inside it)."""
+    rootfs = _rootfs(tmp_path / "image")
+    (rootfs / LIB.lstrip("/")).mkdir(parents=True)
+    container = run_container(rootfs)
+    enter = ["nsenter", "-t", str(container.pid), "-m", "/bin/busybox"]
+    subprocess.run([*enter, "mount", "-t", "tmpfs", "volume", LIB], check=True)
+    return container
+
+
+def test_a_target_directory_on_a_volume_in_the_container_is_refused(
+    engine: Engine, volume_at_lib: RuncContainer
+) -> None:
+    """RESOLVE_NO_XDEV: the driver's files go into the container's own root filesystem
+    only, never across into a volume (a tenant's NFS share, a host directory)."""
+    container = volume_at_lib
+
+    with pytest.raises(UnsafePath, match="another mount"):
+        engine.mount(container.id, [GPU], with_driver=True)
+
+    assert container.exec("ls", LIB).stdout.split() == []
+    assert "nvidia0" not in container.ls_dev()
+    assert engine.ledger.records() == []
+    result = _auto(engine).mount(container.id, [GPU])  # nobody asked: the GPU alone
+    assert result.driver is None and "nvidia0" in container.ls_dev()
+    assert container.exec("ls", LIB).stdout.split() == []
+
+
+def test_a_cdi_mount_of_a_daemons_socket_directory_is_left_out(
+    engine: Engine, run_container, tmp_path: Path, driver_root: Path, hook_marker: Path, source: str
+) -> None:
+    """Any CDI device's spec is read, and a spec may mount what its own runtime needs:
+    a directory with a daemon's socket, bound, could be connected to. Only the driver's
+    libraries, tools and firmware are bound; the rest is left out and said so."""
+    if source != "cdi":
+        pytest.skip("a CDI spec's mounts")
+    daemon = tmp_path / "run-daemon"
+    daemon.mkdir()
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(daemon / "daemon.sock"))
+    spec = _cdi_spec(driver_root, hook_marker).replace(
+        "  hooks:",
+        f"    - {{hostPath: {daemon}, containerPath: /run/daemon, options: [rbind]}}\n"
+        f"    - {{hostPath: {daemon}/daemon.sock, containerPath: {LIB}/libdaemon.so}}\n"
+        "  hooks:",
+    )
+    (Path(engine.config.cdi_dirs[0]) / "nvidia.yaml").write_text(spec)
+    container = run_container(_rootfs(tmp_path / "image"))
+    try:
+        result = engine.mount(container.id, [GPU], with_driver=True)
+    finally:
+        listening.close()
+
+    assert result.driver is not None and _smi(container)[0] == 0
+    assert "/run/daemon" not in result.driver["files"]
+    assert any("/run/daemon" in note for note in result.driver["notes"])
+    assert container.exec("ls", "/run/daemon").returncode != 0
+    assert "libdaemon.so" not in container.exec("ls", LIB).stdout
+    assert not any(line.split()[4] == "/run/daemon" for line in _mountinfo(container))
+
+
+def test_a_pid_reused_before_the_placer_opened_it_is_never_placed_into(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    """The container's init exits after the operation pinned it, and its PID goes to a
+    process in the host's mount namespace before /proc/PID/root is opened: the placer
+    is proven right after the open and refuses, so nothing is placed into the host."""
+    container = run_container(_rootfs(tmp_path / "image"))
+    resolved = engine.resolve(container.id)
+    with liveness.Liveness(engine._proc, resolved).enter() as alive:
+        container.stop()
+        wait_for(lambda: not pid_exists(resolved.init_pid), "the init's PID to be free")
+        impostor = spawn_with_pid(resolved.init_pid, ["sleep", "1000"])
+        try:
+            with pytest.raises(ContainerNotFound), engine.driver.placer(resolved, alive.check):
+                pass
+        finally:
+            impostor.kill()
+            impostor.wait()
+
+
+def test_a_mount_that_died_after_its_last_step_is_rolled_back_whole(
+    engine: Engine, run_container, tmp_path: Path
+) -> None:
+    """The agent died after the node, the last step, before the record was final: the
+    ledger holds the pending mount with its nodes and files. The next reconcile (a new
+    agent) takes out the node first, then the files, and frees the claim."""
+    container = run_container(_rootfs(tmp_path / "image"))
+    engine.mount(container.id, [GPU], with_driver=True)
+    record = engine.ledger.load(container.id)
+    assert record is not None and record.driver
+    record.pending = PendingOp(
+        op="mount",
+        devices=list(record.devices),
+        nodes=list(record.nodes.values()),
+        driver=record.driver,
+    )
+    record.devices, record.nodes, record.driver = {}, {}, []
+    engine.ledger.save(record)
+
+    report = Engine(engine.config).reconcile()
+
+    assert report.pending_finished == 1
+    assert "nvidia0" not in container.ls_dev()
+    assert container.exec("ls", LIB).stdout.split() == []
+    assert _smi(container)[0] != 0
+    assert not any(LIB in line.split()[4] for line in _mountinfo(container))
+    assert engine.ledger.claims() == []

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.auth import Authorizer, Identity
+from agent.auth import ASSERT_GROUP, Authorizer, Identity, asserted_user, assertion_headers
 from agent.config import AgentSettings
 from agent.errors import Forbidden
 from agent.gateway import FanOut, Gateway
@@ -97,3 +97,14 @@ def test_front_proxy_extra_keys_are_percent_decoded_as_kubernetes_sends_them() -
     assert identity.via == "front-proxy"
     assert identity.user.groups == ["ml", "system:authenticated"]
     assert identity.user.extra == {"authentication.kubernetes.io/pod-name": ["nb-0"]}
+
+
+def test_an_assertion_never_carries_a_privileged_group() -> None:
+    """A front-proxy admin in system:masters is asserted without it: receiving agents
+    refuse that group, and RBAC decides on the rest (here `ops`)."""
+    admin = UserInfo("admin", ["system:masters", "ops", "system:nodes", "system:authenticated"])
+    headers: dict[str, list[str]] = {}
+    for name, value in assertion_headers(admin):
+        headers.setdefault(name, []).append(value)
+    assert headers[ASSERT_GROUP] == ["ops", "system:authenticated"]
+    assert asserted_user("admin", headers).groups == ["ops", "system:authenticated"]

@@ -21,7 +21,7 @@ def test_cdi_mounts_hooks_and_env_are_read_for_their_meaning() -> None:
         "env": ["NVIDIA_VISIBLE_DEVICES=void"],
         "mounts": [
             {
-                "hostPath": "/h/libcuda.so.1.2",
+                "hostPath": f"/h{LIB}/libcuda.so.1.2",
                 "containerPath": f"{LIB}/libcuda.so.1.2",
                 "options": ["ro", "bind"],
             }
@@ -47,11 +47,53 @@ def test_cdi_mounts_hooks_and_env_are_read_for_their_meaning() -> None:
         ],
     }
     found = files.from_cdi_edits([edits], "spec")
-    assert found.binds == [DriverFile(f"{LIB}/libcuda.so.1.2", BIND, "/h/libcuda.so.1.2")]
+    assert found.binds == [DriverFile(f"{LIB}/libcuda.so.1.2", BIND, f"/h{LIB}/libcuda.so.1.2")]
     assert found.links == [DriverFile(f"{LIB}/libcuda.so", SYMLINK, "libcuda.so.1")]
     assert found.ld_folders == [LIB]
     assert found.env == {"NVIDIA_VISIBLE_DEVICES": "void"}
     assert found.ignored_hooks == ["chmod"]
+
+
+@pytest.mark.parametrize(
+    ("host", "target"),
+    [
+        ("/run/containerd", "/run/containerd"),  # a daemon's socket directory
+        ("/run/containerd", f"{LIB}/libcontainerd.so"),  # under a library's name
+        ("/var/lib/kubelet/device-plugins", "/lib/device-plugins"),
+        ("/var/lib/kubelet.sock", "/lib/kubelet.sock"),  # not a library's name
+        ("/etc/shadow", "/usr/bin/nvidia-shadow"),  # not the same path on the host
+        ("/run/nvidia-persistenced/socket", "/run/nvidia-persistenced/socket"),
+        (f"/h{LIB}/vdpau", f"{LIB}/vdpau"),
+        ("/usr/share/vulkan/icd.d/nvidia_icd.json", "/usr/share/vulkan/icd.d/nvidia_icd.json"),
+    ],
+    ids=lambda p: p,
+)
+def test_cdi_mounts_outside_the_drivers_files_are_left_out(host: str, target: str) -> None:
+    """Any CDI device's spec is read: only a driver's library, tool or firmware is bound."""
+    library = {"hostPath": f"{LIB}/libcuda.so.1.2", "containerPath": f"{LIB}/libcuda.so.1.2"}
+    mounts = [library, {"hostPath": host, "containerPath": target, "options": ["rbind"]}]
+
+    found = files.from_cdi_edits([{"mounts": mounts}], "spec")
+
+    assert [b.path for b in found.binds] == [f"{LIB}/libcuda.so.1.2"]
+    assert found.ignored_mounts == [f"{host} -> {target}"]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        f"{LIB}/libnvidia-ml.so.550.1",
+        "/usr/bin/nvidia-smi",
+        "/lib/firmware/nvidia/550.1",
+        "/lib/firmware/nvidia/550.1/gsp.bin",
+    ],
+)
+def test_the_drivers_own_files_are_bound_from_any_root(target: str) -> None:
+    for root in ("", "/run/nvidia/driver"):
+        mount = {"hostPath": root + target, "containerPath": target}
+        assert files.from_cdi_edits([{"mounts": [mount]}], "s").binds == [
+            DriverFile(target, BIND, root + target)
+        ]
 
 
 @pytest.mark.parametrize(

@@ -91,3 +91,57 @@ def test_activity_is_read_on_every_look_from_one_session(lib_dir: Path, tmp_path
         sampler.wait(timeout=30)
         sampler.stdout.close()
     assert sampler.returncode == 0
+
+
+# One sampler; each stdin line names the GPUs to look at ("retain" first: only prune).
+CURSOR_SCRIPT = """
+import json, sys
+from hotmount.activity import ActivitySampler
+sampler = ActivitySampler()
+for line in sys.stdin:
+    words = line.split()
+    if words[0] == "retain":
+        sampler.retain(words[1:])
+        print("{}", flush=True)
+        continue
+    looks = sampler.sample(words)
+    print(json.dumps({u: a.busy_for([4242]) for u, a in looks.items()}), flush=True)
+"""
+
+
+def test_a_look_at_one_gpu_keeps_the_other_gpus_cursors(lib_dir: Path, tmp_path: Path) -> None:
+    """The driver keeps process samples for a while. A's burst was seen once; a look at B
+    alone (the idle reclaim's last look before taking B) must not make A's next look read
+    that burst again as new use, or A's idle clock restarts and its reclaim comes late."""
+    config = fake_nvml.write_config(tmp_path / "gpus.conf", [A, B])
+    activity = tmp_path / "activity"
+    burst = FakeActivity(A.uuid, processes=((4242, 50, 0),), sampled_at=1_000_000)
+    fake_nvml.write_activity(activity, [burst])
+    env = fake_nvml.with_activity(fake_nvml.env(lib_dir, config), activity)
+    env["PYTHONPATH"] = str(REPO)
+    sampler = subprocess.Popen(
+        [sys.executable, "-c", CURSOR_SCRIPT],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert sampler.stdin is not None and sampler.stdout is not None
+
+    def ask(*words: str) -> dict[str, bool]:
+        sampler.stdin.write(" ".join(words) + "\n")
+        sampler.stdin.flush()
+        return json.loads(sampler.stdout.readline())
+
+    try:
+        assert ask(A.uuid, B.uuid) == {A.uuid: True, B.uuid: False}  # the burst, once
+        assert ask(A.uuid, B.uuid) == {A.uuid: False, B.uuid: False}  # seen: not again
+
+        assert ask(B.uuid) == {B.uuid: False}  # one GPU's look
+
+        assert ask(A.uuid, B.uuid) == {A.uuid: False, B.uuid: False}
+
+        ask("retain", B.uuid)  # A is no longer looked at: its cursor goes
+        assert ask(A.uuid) == {A.uuid: True}  # a new cursor reads the buffer from its start
+    finally:
+        sampler.stdin.close()
+        sampler.wait(timeout=30)
+        sampler.stdout.close()
+    assert sampler.returncode == 0

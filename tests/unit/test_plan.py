@@ -7,7 +7,7 @@ import pytest
 from hotmount.devices.model import Device, DeviceKind, DeviceNode
 from hotmount.errors import UnsafePath
 from hotmount.ledger import ContainerRecord, DeviceRecord, NodeRecord
-from hotmount.plan import node_of, nodes_to_add, nodes_to_remove
+from hotmount.plan import kept_numbers, node_of, nodes_to_add, nodes_to_remove
 
 CTL = DeviceNode("/dev/nvidiactl", 195, 255)
 UVM = DeviceNode("/dev/nvidia-uvm", 511, 0)
@@ -196,3 +196,36 @@ def test_node_of_inverts_the_record() -> None:
     node = DeviceNode("/dev/infiniband/uverbs0", 231, 192, 0o640, "r")
     record = record_with(cdi("nic", node))
     assert node_of(record.nodes[node.path]) == node
+
+
+# -- kept_numbers: what a holder of a leaving device must not also hold to be stopped
+
+
+MIG1, MIG2 = mig(5, 1, 2), mig(5, 3, 4)
+
+
+def own(*devices: Device) -> dict[str, tuple[DeviceNode, ...]]:
+    return {d.key: d.nodes for d in devices}
+
+
+@pytest.mark.parametrize(
+    ("mounted", "leaving", "known", "expected"),
+    [
+        ((G0, G1), (G0,), (G1,), {(195, 1)}),  # never the control nodes that both use
+        ((G0, G1, G2), (G0,), (G1, G2), {(195, 1), (195, 2)}),
+        ((G0,), (G0,), (), set()),
+        # MIG 1 leaves, MIG 2 of the same GPU stays: its caps are its own, the GPU node is not
+        ((MIG1, MIG2), (MIG1,), (MIG2,), {(236, 3), (236, 4)}),
+        # a device the inventory no longer knows: its nodes, less nvidiactl
+        ((G0, G1), (G0,), (), {(195, 1)}),
+    ],
+    ids=["two-gpus", "three-gpus", "last-gpu", "mig-sibling", "unknown-staying"],
+)
+def test_kept_numbers_are_the_staying_devices_own_nodes(
+    mounted: tuple[Device, ...],
+    leaving: tuple[Device, ...],
+    known: tuple[Device, ...],
+    expected: set[tuple[int, int]],
+) -> None:
+    record = record_with(*mounted)
+    assert kept_numbers(record, [d.key for d in leaving], own(*known)) == expected

@@ -118,11 +118,16 @@ class FakeActivity:
     memory: int = 0
     processes: tuple[tuple[int, int, int], ...] = ()
     unsupported: bool = False
+    # The process samples' timestamp (microseconds): samples the driver took once and
+    # keeps, returned only to a caller whose cursor is older. None: taken at each call.
+    sampled_at: int | None = None
 
     def line(self) -> str:
         parts = [self.uuid, f"gpu={self.gpu}", f"memory={self.memory}"]
         if self.processes:
             parts.append("process=" + ",".join(f"{p}:{s}:{m}" for p, s, m in self.processes))
+        if self.sampled_at is not None:
+            parts.append(f"at={self.sampled_at}")
         if self.unsupported:
             parts.append("unsupported")
         return " ".join(parts)

@@ -560,6 +560,7 @@ _Static_assert(__builtin_offsetof(nvmlProcessUtilizationSample_t, smUtil) == 16,
 
 struct fake_activity {
     int found, unsupported;
+    unsigned long long at; /* the samples' timestamp (microseconds); 0: now */
     unsigned int gpu, memory, nproc;
     unsigned int pid[MAX_PIDS], sm[MAX_PIDS], mem[MAX_PIDS];
 };
@@ -582,6 +583,8 @@ static void read_activity(const char *uuid, struct fake_activity *a) {
                 a->gpu = (unsigned int)strtoul(tok + 4, NULL, 10);
             else if (!strncmp(tok, "memory=", 7))
                 a->memory = (unsigned int)strtoul(tok + 7, NULL, 10);
+            else if (!strncmp(tok, "at=", 3))
+                a->at = strtoull(tok + 3, NULL, 10);
             else if (!strcmp(tok, "unsupported"))
                 a->unsupported = 1;
             else if (!strncmp(tok, "process=", 8)) {
@@ -636,6 +639,8 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         return (nvmlReturn_t)NVML_ERROR_NOT_SUPPORTED_CODE;
     gettimeofday(&tv, NULL);
     now = (unsigned long long)tv.tv_sec * 1000000ULL + (unsigned long long)tv.tv_usec;
+    if (a.at)
+        now = a.at; /* samples the driver took once, kept in its buffer */
     if (a.nproc == 0 || lastSeenTimeStamp >= now)
         return NVML_ERROR_NOT_FOUND;
     if (!utilization || *processSamplesCount < a.nproc) {
