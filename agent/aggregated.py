@@ -269,18 +269,8 @@ def _other_nodes(request: Request, caller: Identity, gateway: Gateway | None) ->
     """The same list from every other agent, unless this request is one of those asks."""
     if gateway is None or request.headers.get(LOCAL_ONLY):
         return _Others()
-    fanned = gateway.fan_out(caller, request.url.path)
-    others = _Others(missing=list(fanned.missing))
-    for node, answer in fanned.answers.items():
-        try:
-            items = answer.json().get("items")
-        except (ValueError, AttributeError):
-            items = None
-        if isinstance(items, list):
-            others.items += items
-        else:
-            others.missing.append(MissingNode(node, "BadAnswer", "the answer is not a list"))
-    return others
+    fanned = gateway.fan_out(caller, request.url.path)  # validated (agent/peer_answers.py)
+    return _Others(items=fanned.items, missing=list(fanned.missing))
 
 
 def _list(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -237,6 +237,18 @@ class AgentSettings(BaseSettings):
         description="seconds a whole list may take; agents that have not answered by then "
         "are named as missing (well inside the API server's 60 s for an aggregated call)",
     )
+    list_max_bytes: int = Field(
+        default=1048576,
+        ge=1024,
+        description="largest answer read from another agent for a list (undecoded); a "
+        "larger one is cut off and its node named as missing (BadAnswer)",
+    )
+    max_lists_per_caller: int = Field(
+        default=4,
+        ge=1,
+        description="lists across the cluster one user may have fanning out from this "
+        "agent at once; more get 429",
+    )
     max_body_bytes: int = Field(
         default=65536, ge=1024, description="largest request body; larger ones get 413"
     )

@@ -16,6 +16,7 @@ can branch on (docs/api.md, "Partial lists"):
 from __future__ import annotations
 
 import ssl
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -26,9 +27,16 @@ from agent.kube.peers import Peer
 
 @dataclass(frozen=True)
 class MissingNode:
+    """Its text is made printable here, once: a message may carry whatever a peer sent
+    (its Status message, its body), and it goes to kubectl, nvcli and the agent's log."""
+
     node: str
     reason: str
     message: str
+
+    def __post_init__(self) -> None:
+        for name in ("node", "reason", "message"):
+            object.__setattr__(self, name, printable(getattr(self, name)))
 
     def as_json(self) -> dict[str, str]:
         return {"node": self.node, "reason": self.reason, "message": self.message}
@@ -47,6 +55,17 @@ def missing_warnings(missing: list[MissingNode]) -> list[str]:
             f"{more} more nodes did not answer (metadata.missingNodes)",
         ]
     return [f'299 - "{_header_safe(t)}"' for t in texts]
+
+
+MESSAGE_CHARS = 500  # of a missing node's message
+
+
+def printable(text: str) -> str:
+    """`text` with every control and format character (ANSI escapes, C1 controls,
+    newlines, bidirectional overrides) as `?`, and at most MESSAGE_CHARS long."""
+    return "".join(
+        "?" if unicodedata.category(c) in ("Cc", "Cf") else c for c in text[:MESSAGE_CHARS]
+    )
 
 
 def _header_safe(text: str) -> str:

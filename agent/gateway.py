@@ -15,15 +15,23 @@ callers (the unix socket) act on their own node only.
 A list asks every other agent at once, within bounds of its own (`fan_out`): at most
 --fanout-concurrency agents in flight (shared by all lists), --list-timeout for each,
 --list-deadline for the whole, over keep-alive connections reused from list to list.
-What did not answer is named (agent/fanout.py), never silently left out.
+What did not answer is named (agent/fanout.py), never silently left out. Each answer is
+read within a byte cap and its deadline, and believed only once validated as the peer's
+own node's objects (agent/peer_answers.py); one caller may have at most
+--max-lists-per-caller lists fanning out at once (then 429), so that a few dozen calls
+from one token cannot fill the agent's request, thread and fan-out pools.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import math
 import ssl
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +40,11 @@ import httpx
 
 from agent.auth import Identity, assertion_headers
 from agent.config import AgentSettings
-from agent.errors import Forbidden, NotOnThisNode, UpstreamError
+from agent.errors import Forbidden, NotOnThisNode, TooManyRequests, UpstreamError
 from agent.fanout import MissingNode, error_reason, plan, status_reason
 from agent.kube.client import KubeClient, PodInfo
 from agent.kube.peers import Peer, agent_peers, gpu_nodes
+from agent.peer_answers import PeerAnswerError, ReadBounds, peer_items, read_answer
 
 log = logging.getLogger(__name__)
 LOCAL_ONLY = "x-hotmount-local"
@@ -46,9 +55,11 @@ GPU_NODES_TTL = 60.0  # seconds the list of GPU nodes (for nodes with no agent) 
 
 @dataclass
 class FanOut:
-    """The other agents' answers to one list, and the nodes that gave none."""
+    """The other agents' items for one list (validated, agent/peer_answers.py), and the
+    nodes that gave none."""
 
-    answers: dict[str, httpx.Response] = field(default_factory=dict)  # node: its answer
+    items: list[dict[str, Any]] = field(default_factory=list)
+    answered: list[str] = field(default_factory=list)  # the nodes the items came from
     missing: list[MissingNode] = field(default_factory=list)
 
 
@@ -75,6 +86,8 @@ class Gateway:
         self._pool = ThreadPoolExecutor(settings.fanout_concurrency, "fan-out")
         self._gpu_nodes: tuple[float, set[str]] | None = None
         self._gpu_nodes_lock = threading.Lock()
+        self._lists_per_caller: dict[str, int] = {}  # user: lists fanning out now
+        self._lists_per_caller_lock = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -117,7 +130,13 @@ class Gateway:
         only; the nodes that did not answer (or have no agent) are named."""
         if caller.via in ("gateway", *NODE_LOCAL):
             return FanOut()  # node-local callers (root on the unix socket): their node only
+        with self._list_slot(caller):
+            return self._fan_out(caller, path)
+
+    def _fan_out(self, caller: Identity, path: str) -> FanOut:
         started = time.monotonic()
+        deadline = self.settings.list_deadline
+        abandoned = threading.Event()  # set when the list stops waiting: late asks stop
         peers = agent_peers(self.kube, self.settings.agent_namespace, self.settings.agent_selector)
         ask, missing = plan(peers, self._recent_gpu_nodes(), self.settings.node_name)
         self._forget_list_clients({self._url(p.ip or "", p.ports, "") for p in ask})
@@ -126,11 +145,13 @@ class Gateway:
             lost = "this agent has no ServiceAccount token to ask other agents with"
             missing += [MissingNode(p.node or "", "Unreachable", lost) for p in ask]
             ask = []
-        asked: dict[Future[httpx.Response], Peer] = {
-            self._pool.submit(self._list_one, peer, path, credentials or []): peer for peer in ask
+        until = started + deadline
+        asked: dict[Future[list[dict[str, Any]]], Peer] = {
+            self._pool.submit(self._list_one, peer, path, credentials or [], until, abandoned): peer
+            for peer in ask
         }
-        deadline = self.settings.list_deadline
-        done, late = wait(asked, timeout=deadline)
+        done, late = wait(asked, timeout=max(until - time.monotonic(), 0))
+        abandoned.set()
         result = FanOut(missing=missing)
         for future in late:
             future.cancel()
@@ -139,24 +160,24 @@ class Gateway:
         for future in done:
             node = asked[future].node or ""
             try:
-                answer = future.result()
+                items = future.result()
+            except PeerAnswerError as exc:
+                result.missing.append(MissingNode(node, exc.reason, exc.message))
+                continue
             except httpx.HTTPError as exc:
                 result.missing.append(MissingNode(node, error_reason(exc), str(exc) or repr(exc)))
                 continue
             except Exception as exc:  # a pod IP that makes no URL, say: one node, not the list
                 result.missing.append(MissingNode(node, "Unreachable", repr(exc)))
                 continue
-            reason = status_reason(answer.status_code)
-            if reason is None:
-                result.answers[node] = answer
-            else:
-                result.missing.append(MissingNode(node, reason, _status_text(answer)))
+            result.items += items
+            result.answered.append(node)
         result.missing.sort(key=lambda m: m.node)
         log.info(
             "listed %s for %s from %d other agents in %.2f s; missing %d nodes: %s",
             path,
             caller.name,
-            len(result.answers),
+            len(result.answered),
             time.monotonic() - started,
             len(result.missing),
             ", ".join(f"{m.node} ({m.reason})" for m in result.missing[:20]),
@@ -164,12 +185,48 @@ class Gateway:
         return result
 
     def _list_one(
-        self, peer: Peer, path: str, credentials: list[tuple[str, str]]
-    ) -> httpx.Response:
+        self,
+        peer: Peer,
+        path: str,
+        credentials: list[tuple[str, str]],
+        until: float,
+        abandoned: threading.Event,
+    ) -> list[dict[str, Any]]:
         headers = [*credentials, (LOCAL_ONLY, "1")]
         origin = self._url(peer.ip or "", peer.ports, "")
         client = self._list_client(origin)
-        return client.get(origin + path, headers=headers, extensions=self._sni())
+        # Its own --list-timeout from when it is asked (it may have waited for a worker),
+        # within the list's deadline.
+        own = min(until, time.monotonic() + self.settings.list_timeout)
+        bounds = ReadBounds(self.settings.list_max_bytes, own, abandoned)
+        code, body = read_answer(client, origin + path, headers, self._sni(), bounds)
+        reason = status_reason(code)
+        if reason is not None:
+            raise PeerAnswerError(reason, _status_text(code, body))
+        return peer_items(path, peer.node or "", body)
+
+    @contextlib.contextmanager
+    def _list_slot(self, caller: Identity) -> Iterator[None]:
+        """One of the caller's --max-lists-per-caller fan-outs, or 429."""
+        bound = self.settings.max_lists_per_caller
+        with self._lists_per_caller_lock:
+            held = self._lists_per_caller.get(caller.name, 0)
+            if held >= bound:
+                raise TooManyRequests(
+                    f"{caller.name} already has {bound} lists across the cluster in flight "
+                    "on this agent, the limit per caller; retry when one is answered",
+                    max(1, math.ceil(self.settings.list_timeout)),
+                )
+            self._lists_per_caller[caller.name] = held + 1
+        try:
+            yield
+        finally:
+            with self._lists_per_caller_lock:
+                left = self._lists_per_caller[caller.name] - 1
+                if left:
+                    self._lists_per_caller[caller.name] = left
+                else:
+                    del self._lists_per_caller[caller.name]  # none kept per user gone
 
     def _list_client(self, origin: str) -> httpx.Client:
         with self._list_clients_lock:
@@ -251,10 +308,11 @@ class Gateway:
             raise UpstreamError(f"forwarding to the agent on {agent.node_name}: {exc}") from exc
 
 
-def _status_text(answer: httpx.Response) -> str:
+def _status_text(code: int, body: bytes) -> str:
     """`HTTP 503: <the Status message>`, or the start of whatever body came."""
     try:
-        message = answer.json().get("message")
+        message = json.loads(body).get("message")
     except (ValueError, AttributeError):
         message = None
-    return f"HTTP {answer.status_code}: {message or answer.text[:200]}"
+    text = message if isinstance(message, str) else body[:200].decode(errors="replace")
+    return f"HTTP {code}: {text[:200]}"

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from agent import aggregated, logs, server
 from agent.auth import Authenticator, Authorizer, FrontProxyTrust
 from agent.config import AgentSettings, load_settings
-from agent.errors import ApiError, UpstreamError, status_of
+from agent.errors import ApiError, TooManyRequests, UpstreamError, status_of
 from agent.gateway import Gateway
 from agent.guard import Guard, Limits
 from agent.kube.client import KubeClient
@@ -172,7 +172,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.info(
             "refused %s %s: %s %s", request.method, request.url.path, status.code, status.message
         )
-        return _status_response(status)
+        response = _status_response(status)
+        if isinstance(exc, TooManyRequests):  # a route's 429 (lists per caller), as the guard's
+            response.headers["retry-after"] = str(exc.retry_after)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

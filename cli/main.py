@@ -35,7 +35,7 @@ from cli.completion import (
 )
 from cli.errors import DEFAULT_TIMEOUT, EXIT_USAGE, Busy, HotmountClientError
 from cli.options import Common, OutputFormat
-from cli.output import Waiting, render, status_table
+from cli.output import Waiting, printable, render, status_table
 from cli.reach import UsageError, make_client, namespace_of
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ def with_common(func: Callable[..., None]) -> Callable[..., None]:
             typer.echo(f"Error: {err}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
         except HotmountClientError as err:
-            typer.echo(f"error: {explain(err, kwargs, opts)}", err=True)
+            typer.echo(f"error: {printable(explain(err, kwargs, opts))}", err=True)
             raise typer.Exit(err.exit_code) from None
 
     ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,

@@ -2,7 +2,10 @@
 
 json and yaml print the agent's models exactly as they travel on the wire
 (camelCase, every field), so a script sees the same document as an HTTP caller.
-Tables are for people: one row per device.
+Tables are for people: one row per device. Their text came from agents (a missing
+node's message, a pod's name, a holder), and an agent may be compromised: every control
+and direction-changing character is printed as `?` (`printable`), so that no answer can
+move the cursor, clear the screen or retitle the terminal. json and yaml escape them.
 
 pydantic, the agent's models and yaml are imported when a result needs them, so that
 `nvcli version` and `--help` start without them.
@@ -11,6 +14,7 @@ pydantic, the agent's models and yaml are imported when a result needs them, so 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -29,6 +33,21 @@ if TYPE_CHECKING:
     )
 
 FORMATS = ("table", "json", "yaml")
+# C0 and C1 controls (ESC, CSI, BEL, CR...), DEL, and the zero-width and bidirectional
+# format characters (U+200B-200F, U+202A-202E, U+2066-2069, ...), newline kept apart.
+_UNPRINTABLE = "\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+_UNPRINTABLE_LINE = re.compile(f"[{_UNPRINTABLE}]")
+_UNPRINTABLE_CELL = re.compile(f"[\n{_UNPRINTABLE}]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control and format character as `?`, newlines kept."""
+    return _UNPRINTABLE_LINE.sub("?", text)
+
+
+def _printable_cell(text: str) -> str:
+    """One cell or line of a table: a newline would start a row of its own."""
+    return _UNPRINTABLE_CELL.sub("?", text)
 
 
 _PLAIN = (dict, str, int, float, bool, type(None))
@@ -54,7 +73,7 @@ def render(result: Any, fmt: str) -> str:
         import yaml
 
         return yaml.safe_dump(to_data(result), sort_keys=False, default_flow_style=False).rstrip()
-    return table(result)
+    return printable(table(result))
 
 
 def table(result: Any) -> str:
@@ -77,7 +96,10 @@ def table(result: Any) -> str:
 
 def columns(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """kubectl's layout: upper-case headers, columns padded to the widest cell plus 3."""
-    cells = [[str(c) for c in header], *[[_cell(c) for c in row] for row in rows]]
+    cells = [
+        [_printable_cell(str(c)) for c in header],
+        *[[_printable_cell(_cell(c)) for c in row] for row in rows],
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     return "\n".join(
         "   ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in cells
@@ -198,7 +220,7 @@ def status_table(doc: Mapping[str, Any]) -> str:
         for d in c.get("devices") or []
     ]
     if not rows:
-        return f"No devices are hot-mounted in {_pod(namespace, pod)}."
+        return printable(f"No devices are hot-mounted in {_pod(namespace, pod)}.")
     headers = [
         "POD",
         "CONTAINER",
@@ -210,7 +232,7 @@ def status_table(doc: Mapping[str, Any]) -> str:
         "PIN",
         "IDLE/TIMEOUT",
     ]
-    return "\n".join([columns(headers, rows), *idle_notes(doc)])
+    return "\n".join([columns(headers, rows), *(_printable_cell(n) for n in idle_notes(doc))])
 
 
 def idle_notes(doc: Mapping[str, Any]) -> list[str]:

@@ -41,9 +41,15 @@ def unlisted(metadata: Any) -> list[UnlistedNode]:
 
 
 def warning_lines(result: Any) -> list[str]:
-    """One line per node that did not answer, for stderr."""
+    """One line per node that did not answer, for stderr: printable (cli/output.py),
+    as the agent that listed may not be."""
+    from cli.output import printable
+
     return [
-        f"warning: node {r.node} did not answer ({r.unavailable.reason}): {r.unavailable.message}"
+        printable(
+            f"warning: node {r.node} did not answer ({r.unavailable.reason}): "
+            f"{r.unavailable.message}"
+        ).replace("\n", "?")
         for r in (result if isinstance(result, list) else [])
         if isinstance(r, UnlistedNode)
     ]

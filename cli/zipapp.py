@@ -9,7 +9,10 @@ the user's cache, compiles it for the running interpreter, and every run after i
 from there as an installed nvcli does.
 
 The cache is trusted code: a directory another user can write into, or that belongs to
-someone else, is refused, never imported from. It parses on Python 3.6 and up, so that
+someone else, is refused, never imported from. So it is unpacked under umask 077
+whatever the user's own (Ubuntu's and Fedora's 002 made every directory group-writable,
+and each run then refused its own cache), and every directory unpacked is checked before
+the cache is marked complete. It parses on Python 3.6 and up, so that
 an interpreter too old for nvcli is told so rather than shown a syntax error.
 """
 
@@ -64,6 +67,14 @@ def site_packages(archive: str, root: str, build_id: str = BUILD_ID) -> str:
 def _unpack(archive: str, root: str, target: str) -> None:
     """Unpack into a fresh directory beside `target`, then rename it into place: a run
     that stops midway, or two first runs at once, never leave a half-filled `target`."""
+    was = os.umask(0o077)  # every file and directory made here is the user's alone
+    try:
+        _unpack_private(archive, root, target)
+    finally:
+        os.umask(was)
+
+
+def _unpack_private(archive: str, root: str, target: str) -> None:
     import compileall
     import shutil
     import tempfile
@@ -78,6 +89,8 @@ def _unpack(archive: str, root: str, target: str) -> None:
             with zipfile.ZipFile(inner_file) as inner:
                 inner.extractall(os.path.join(staging, "site-packages"))
         compileall.compile_dir(os.path.join(staging, "site-packages"), quiet=2, workers=0)
+        for directory, _, _ in os.walk(staging):
+            check_private(directory)
         with open(os.path.join(staging, COMPLETE), "w") as done:
             done.write(BUILD_ID + "\n")
         try:

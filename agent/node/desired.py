@@ -6,7 +6,11 @@ spec exactly as applied (device references as the user wrote them) with its
 annotations, under the state directory (`desired/`), and answers a GET with them:
 applying the same file again then sends no patch at all. The spec is tied to the pod's
 UID: a new pod of the same name starts without one, and reconcile drops the specs of
-pods that are gone.
+pods that are gone. Each is kept in a file named by the digest of `namespace/pod` alone:
+a pod's name may be 253 characters, which with its namespace passed NAME_MAX (255) in the
+old `<namespace>_<pod>_<digest>.json` names (a 500 on GET, PATCH and DELETE). Files of the
+old names are renamed to the new at start (`_migrate`), so that a spec is never in two
+files that `all()` would both read and `delete` would half remove.
 
 `merge_patch` and `difference` are pure; `DesiredMounts` is the store.
 """
@@ -15,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +30,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from hotmount.ledger import atomic_write
+
+log = logging.getLogger(__name__)
 
 
 class DesiredMount(BaseModel):
@@ -84,14 +92,40 @@ def difference(
     )
 
 
+DIGEST_NAME = re.compile(r"^[0-9a-f]{64}\.json$")
+
+
+def file_name(namespace: str, pod: str) -> str:
+    """69 characters whatever the names' length (NAME_MAX is 255)."""
+    return hashlib.sha256(f"{namespace}/{pod}".encode()).hexdigest() + ".json"
+
+
 class DesiredMounts:
     def __init__(self, state_dir: Path) -> None:
         self.directory = state_dir / "desired"
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._migrate()
 
     def _path(self, namespace: str, pod: str) -> Path:
-        digest = hashlib.sha256(f"{namespace}/{pod}".encode()).hexdigest()[:16]
-        return self.directory / f"{namespace}_{pod}_{digest}.json"
+        return self.directory / file_name(namespace, pod)
+
+    def _migrate(self) -> None:
+        """Rename the files of older agents (`<namespace>_<pod>_<digest>.json`) to their
+        digest names. Migrating once, rather than reading both names for ever, keeps one
+        file per pod; a file that does not parse is left where it is, and read by nobody."""
+        for path in sorted(self.directory.glob("*.json")):
+            if DIGEST_NAME.match(path.name):
+                continue
+            try:
+                found = DesiredMount.model_validate_json(path.read_bytes())
+            except (OSError, ValueError) as exc:
+                log.warning("leaving the unreadable desired spec %s: %s", path, exc)
+                continue
+            new = self._path(found.namespace, found.pod)
+            if not new.exists():  # a newer spec under the new name wins
+                os.replace(path, new)
+            else:
+                path.unlink()
 
     def get(self, namespace: str, pod: str, uid: str | None = None) -> DesiredMount | None:
         """The pod's spec (only if it was applied to the pod with this `uid`, when given)."""

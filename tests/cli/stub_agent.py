@@ -121,6 +121,8 @@ class StubAgent:
     shares: dict[tuple[str | None, str | None], str] = field(default_factory=dict)
     # (namespace, pod) -> the mount's `reclaimInSeconds` (it was warned, GPUIdleSoon)
     warned: dict[tuple[str | None, str | None], int] = field(default_factory=dict)
+    # The list's `metadata.missingNodes`, as a fanning-out agent would name them.
+    missing_nodes: list[dict[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._server: ThreadingHTTPServer | None = None
@@ -257,7 +259,9 @@ class StubAgent:
             return 200, {"kind": "APIResourceList", "groupVersion": api, "resources": []}
         if p == ["nodedevices"] and m == "GET":
             item = {"metadata": {"name": NODE}, "status": self._devices()}
-            return 200, {"kind": "NodeDevicesList", "apiVersion": api, "items": [item]}
+            metadata = {"missingNodes": self.missing_nodes} if self.missing_nodes else {}
+            listed = {"kind": "NodeDevicesList", "apiVersion": api, "metadata": metadata}
+            return 200, {**listed, "items": [item]}
         if len(p) == 2 and p[0] == "nodedevices" and m == "GET":
             if p[1] != NODE:
                 raise _Answer(404, status(404, "NotFound", f'nodedevices "{p[1]}" not found'))

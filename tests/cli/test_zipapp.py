@@ -45,11 +45,69 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(out, ignore_errors=True)
 
 
-def run_pyz(pyz: Path, home: Path, *args: str, env: dict[str, str] | None = None) -> Run:
+def run_pyz(
+    pyz: Path, home: Path, *args: str, env: dict[str, str] | None = None, umask: int = 0o022
+) -> Run:
     environment = {"PATH": os.environ["PATH"], "HOME": str(home), **(env or {})}
     done = subprocess.run([SYSTEM_PYTHON, str(pyz), *args], capture_output=True, text=True,
-                          env=environment, timeout=300, check=False)  # fmt: skip
+                          env=environment, timeout=300, check=False, umask=umask)  # fmt: skip
     return Run(done.returncode, done.stdout, done.stderr)
+
+
+def writable_by_others(root: Path) -> list[str]:
+    """Every directory and file under `root` (itself included) that group or others may
+    write to."""
+    found = [str(root)] if root.stat().st_mode & 0o022 else []
+    for directory, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            if (Path(directory) / name).lstat().st_mode & 0o022:
+                found.append(os.path.join(directory, name))
+    return found
+
+
+@pytest.fixture
+def small_pyz(tmp_path: Path) -> Path:
+    """A zipapp made by the real packer and bootstrap around a two-line `cli.main`: the
+    unpacking, checked in a second, not in the minutes a full build takes."""
+    from scripts.pack_zipapp import pack
+
+    site = tmp_path / "site"
+    (site / "cli" / "deeper").mkdir(parents=True)
+    (site / "cli" / "__init__.py").write_text("")
+    (site / "cli" / "deeper" / "__init__.py").write_text("")
+    (site / "cli" / "main.py").write_text("def main():\n    print('small nvcli')\n    return 0\n")
+    pack(site, tmp_path / "small.pyz", "/usr/bin/env python3")
+    return tmp_path / "small.pyz"
+
+
+@needs_system_python
+def test_under_umask_002_the_cache_is_private_and_used_run_after_run(
+    small_pyz: Path, tmp_path: Path
+) -> None:
+    """Ubuntu's and Fedora's umask: each run refused the cache its first run had made,
+    its directories group-writable."""
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        ran = run_pyz(small_pyz, tmp_path, env={"NVCLI_CACHE_DIR": str(cache)}, umask=0o002)
+        assert (ran.rc, ran.out, ran.err) == (0, "small nvcli\n", "")
+    assert writable_by_others(cache) == []
+    (unpacked,) = cache.iterdir()
+    assert (unpacked / "site-packages" / "cli" / "deeper" / "__pycache__").is_dir()
+
+
+@needs_system_python
+def test_under_umask_002_a_cache_made_writable_by_others_is_still_refused(
+    small_pyz: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    first = run_pyz(small_pyz, tmp_path, env={"NVCLI_CACHE_DIR": str(cache)}, umask=0o002)
+    assert first.rc == 0, first.err
+    (unpacked,) = cache.iterdir()
+    (unpacked / "site-packages").chmod(0o777)
+    (unpacked / "site-packages" / "cli" / "main.py").write_text("raise SystemExit('planted')\n")
+    refused = run_pyz(small_pyz, tmp_path, env={"NVCLI_CACHE_DIR": str(cache)}, umask=0o002)
+    assert refused.rc == 1
+    assert "writable by others" in refused.err and "planted" not in refused.err + refused.out
 
 
 @needs_system_python
@@ -115,6 +173,14 @@ def test_a_cache_another_user_can_write_is_refused_not_imported(
     refused = run_pyz(built / "nvcli.pyz", tmp_path, "version", env={"NVCLI_CACHE_DIR": str(cache)})
     assert refused.rc == 1
     assert "writable by others" in refused.err and "planted" not in refused.err
+
+
+@needs_system_python
+def test_the_built_zipapp_runs_twice_under_umask_002(built: Path, tmp_path: Path) -> None:
+    for _ in range(2):
+        ran = run_pyz(built / "nvcli.pyz", tmp_path, "version", umask=0o002)
+        assert ran.rc == 0, ran.err
+    assert writable_by_others(tmp_path / ".cache" / "nvcli") == []
 
 
 def test_the_bootstrap_parses_on_old_pythons_so_they_are_told_what_they_need() -> None:

@@ -1,15 +1,19 @@
 """Stand-ins for other nodes' agents that fail the way real ones do, on real sockets.
 
 `AnsweringPeer` answers every request with one status and body (a 503, a body that is no
-list); `HangingPeer` accepts connections (the kernel completes the TCP handshake from its
-backlog) and never says a word; `refused_port()` is a port with no listener, so a
-connect gets RST. Each counts what reached it, so a test can prove it was never asked.
+list, one for each path); `HangingPeer` accepts connections (the kernel completes the TCP
+handshake from its backlog) and never says a word; `refused_port()` is a port with no
+listener, so a connect gets RST. Each counts what reached it, so a test can prove it was
+never asked. Hostile ones (a compromised node: tests/agent/test_fanout_hostile_peers.py):
+`StreamingPeer` sends a body in chunks with a pause between them (a huge body, or a
+trickle) and notes when the asker hung up; `HoldingPeer` holds each ask until released.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -17,18 +21,27 @@ from tests.support.agent import free_port
 
 
 class AnsweringPeer:
-    def __init__(self, status: int, body: bytes = b'{"kind":"Status"}') -> None:
+    def __init__(
+        self,
+        status: int,
+        body: bytes = b'{"kind":"Status"}',
+        by_path: dict[str, bytes] | None = None,
+    ) -> None:
+        """`by_path`: the body for a path that ends so (`/gpumounts`), else `body`."""
         self.hits = 0
         peer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 peer.hits += 1
+                path = self.path.split("?")[0]
+                chosen = [b for end, b in (by_path or {}).items() if path.endswith(end)]
+                body_ = chosen[0] if chosen else body
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(body_)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(body_)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -40,6 +53,80 @@ class AnsweringPeer:
         self._thread.start()
 
     def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _serve(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, int(server.server_address[1])
+
+
+class _Quiet(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class StreamingPeer:
+    """Answers 200 with `chunks()`, one at a time, `pause` seconds apart, the length
+    unsaid (the body ends when the connection closes). `sent` counts the bytes written;
+    `hung_up` is set when a write fails: the asker closed the connection."""
+
+    def __init__(self, chunks: Callable[[], Iterable[bytes]], pause: float = 0.0) -> None:
+        self.sent = 0
+        self.hung_up = threading.Event()
+        self._stopped = threading.Event()
+        peer = self
+
+        class Handler(_Quiet):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                try:
+                    for chunk in chunks():
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                        peer.sent += len(chunk)
+                        if peer._stopped.wait(pause):
+                            return
+                except OSError:  # EPIPE, ECONNRESET: the asker hung up
+                    peer.hung_up.set()
+                    self.close_connection = True
+
+        self._server, self.port = _serve(Handler)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class HoldingPeer:
+    """Takes each ask and answers it only once `release` is set (`arrived` is released
+    once per ask): lists held in flight for as long as a test needs."""
+
+    def __init__(self, body: bytes) -> None:
+        self.arrived = threading.Semaphore(0)
+        self.release = threading.Event()
+        peer = self
+
+        class Handler(_Quiet):
+            def do_GET(self) -> None:
+                peer.arrived.release()
+                peer.release.wait(60)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server, self.port = _serve(Handler)
+
+    def stop(self) -> None:
+        self.release.set()
         self._server.shutdown()
         self._server.server_close()
 

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from agent.node.desired import Difference, difference, merge_patch
+from agent.node.desired import (
+    DesiredMount,
+    DesiredMounts,
+    Difference,
+    difference,
+    merge_patch,
+)
 
 
 @pytest.mark.parametrize(
@@ -43,3 +51,31 @@ def test_a_spec_by_count_keeps_the_oldest_count_mounts_and_no_named_ones() -> No
         mount=[], mount_count=0, unmount=["b", "c"]
     )
     assert difference(None, 2, named=[], by_count=["a", "b"]) == Difference([], 0, [])
+
+
+def _spec(namespace: str, pod: str, uid: str = "u1") -> DesiredMount:
+    return DesiredMount(namespace=namespace, pod=pod, uid=uid, spec={"count": 1},
+                        annotations={}, created="2026-01-01T00:00:00+00:00")  # fmt: skip
+
+
+def test_specs_of_the_longest_names_are_kept_read_and_deleted(tmp_path: Path) -> None:
+    store = DesiredMounts(tmp_path)
+    namespace, pod = "n" * 63, "p" * 253  # the longest namespace and pod names
+    store.put(_spec(namespace, pod))
+    assert store.get(namespace, pod, "u1") == _spec(namespace, pod)
+    assert [len(p.name) for p in store.directory.iterdir()] == [69]
+    store.delete(namespace, pod)
+    assert store.get(namespace, pod) is None and store.all() == []
+
+
+def test_files_of_the_old_names_are_renamed_once_and_read_as_before(tmp_path: Path) -> None:
+    old = tmp_path / "desired" / "ml_nb_0123456789abcdef.json"
+    old.parent.mkdir()
+    old.write_text(_spec("ml", "nb").model_dump_json())
+    (tmp_path / "desired" / "ml_broken_0123456789abcdef.json").write_text("{")
+    store = DesiredMounts(tmp_path)
+    assert store.get("ml", "nb", "u1") == _spec("ml", "nb")
+    assert not old.exists()
+    assert store.all() == [_spec("ml", "nb")]  # one file per pod, the broken one unread
+    store.delete("ml", "nb")
+    assert store.all() == []
