@@ -169,7 +169,7 @@ def _require_own(item: _GPUMount | _NodeDevices, node: str, namespace: str | Non
 
 
 def _rebuilt(item: _GPUMount | _NodeDevices) -> dict[str, Any]:
-    """The object as agent/aggregated.py's `_object` writes it: only known fields."""
+    """The object as agent/aggregated/objects.py's `kube_object` writes it: only known fields."""
     obj: dict[str, Any] = {
         "apiVersion": GROUP_VERSION,
         "kind": item.kind,

@@ -14,7 +14,7 @@ Paths (JSON, camelCase, OpenAPI at /openapi.json):
     DELETE /v1/containers/{id}/devices/{device}?force=        -> UnmountResult
 
 The aggregated API (`hotmount.io/v1alpha1`, served behind an APIService) carries the
-same models inside Kubernetes-style objects; see `agent/aggregated.py`.
+same models inside Kubernetes-style objects; see `agent/aggregated/`.
 Every error is a `Status` with a `reason` a program can branch on.
 """
 
