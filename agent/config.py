@@ -98,11 +98,12 @@ class AgentSettings(BaseSettings):
     stop_grace: float = Field(default=10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
     reconcile_interval: float = Field(default=5.0, gt=0, description="seconds between reconciles")
     reconcile_stall_intervals: float = Field(
-        default=24.0,
+        default=12.0,
         ge=2,
         description=(
-            "/healthz fails once no reconcile pass has finished for this many reconcile "
-            "intervals (counted from the start until the first pass)"
+            "/healthz fails once the reconcile loop has shown no progress (a finished "
+            "pass, or a bounded child within one) for this many reconcile intervals, and "
+            "at least three --fs-deadline (counted from the start until the first pass)"
         ),
     )
     fs_deadline: float = Field(

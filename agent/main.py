@@ -36,6 +36,7 @@ from agent.schemas import Status
 from hotmount import forked
 from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import HotmountError
+from hotmount.results import ReconcileReport
 
 log = logging.getLogger("hotmount.agent")
 FRONT_PROXY_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
@@ -124,11 +125,11 @@ def create_app(
         description="Hot-mount GPUs into running pods. Errors are Kubernetes Status objects.",
     )
     app.state.node = node
-    app.state.heartbeat = ReconcileHeartbeat(
-        settings.reconcile_interval,
-        settings.reconcile_stall_intervals,
-        metrics.reconcile_last_success.set,
+    # Never less than a few child deadlines: a pass is allowed its bounded failures.
+    allowance = max(
+        settings.reconcile_interval * settings.reconcile_stall_intervals, 3 * settings.fs_deadline
     )
+    app.state.heartbeat = ReconcileHeartbeat(allowance, metrics.reconcile_last_success.set)
     app.state.settings = settings
     app.state.authenticator = Authenticator(settings, kube, front_proxy)
     app.state.authorizer = Authorizer(
@@ -221,10 +222,14 @@ class Reconciler:
         self.interval = interval
         self.heartbeat = heartbeat
 
+    def _one_pass(self) -> ReconcileReport:
+        self.heartbeat.started()
+        return self.reconcile_pass.reconcile()
+
     async def run(self) -> None:
         while True:
             try:
-                report = await asyncio.to_thread(self.reconcile_pass.reconcile)
+                report = await asyncio.to_thread(self._one_pass)
                 if report.repairs or report.forgotten or report.errors:
                     log.info("reconcile: %s", report.as_dict())
                 self.heartbeat.finished(ok=True)

@@ -36,6 +36,13 @@ T = TypeVar("T")
 DEFAULT_DEADLINE = 20.0  # seconds; set from the agent's --fs-deadline
 _REAP_SECONDS = 2.0
 _in_child = False
+_finished_at: dict[int, float] = {}  # thread -> when a child of its last came back or died
+
+
+def last_finished(thread: int) -> float | None:
+    """When a child that `thread` ran last finished or was killed (time.monotonic()):
+    a thread waiting on bounded children is slow, not stuck (agent/heartbeat.py)."""
+    return _finished_at.get(thread)
 
 
 def set_default_deadline(seconds: float) -> None:
@@ -78,6 +85,7 @@ def run(
     finally:
         os.close(read_end)
         os.close(pidfd)
+        _finished_at[threading.get_ident()] = time.monotonic()
     return _answer(data, what)
 
 
