@@ -24,8 +24,8 @@ from hotmount.errors import ChildTimeout, DeviceBusy, HotmountError
 from tests.fakes import driver as stand_in
 from tests.kernel.conftest import GPU1
 from tests.kernel.test_driver_files import GPU, _cdi_spec, _rootfs
-from tests.support.hung_fuse import HungFuse
-from tests.support.runc import _V2_PREFIX, RuncContainer
+from tests.support.hung_fuse import HungFuse, hold_file
+from tests.support.runc import RuncContainer
 
 BOUND = 60.0  # seconds a call may take here before it counts as hung
 
@@ -63,19 +63,6 @@ def _bounded(call: Callable[[], object], seconds: float = BOUND) -> object:
     return box.get("error", box.get("result"))
 
 
-def _hold_file(container: RuncContainer, path: str) -> subprocess.Popen[bytes]:
-    """A process in the container with `path` open (any file, unlike `hold`)."""
-    script = f"exec 3<{path} && echo HELD && exec sleep 100000"
-    command = ["runc", "--root", str(container.state_root), "exec", container.id]
-    command += ["sh", "-c", script]
-    if container.mode == "v2":
-        command = ["unshare", "-m", "sh", "-c", _V2_PREFIX, "sh", *command[1:]]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    assert b"HELD" in proc.stdout.readline(), f"could not hold {path} open"
-    return proc
-
-
 def _end(*procs: subprocess.Popen[bytes]) -> None:
     for proc in procs:
         proc.kill()
@@ -91,7 +78,7 @@ def test_unmount_fails_bounded_when_a_holder_has_a_dev_named_file_on_a_hung_moun
     nothing (it never revokes or stops on a guess)."""
     engine.mount(container.id, [GPU1])
     fuse.mount_in(container.pid, "/dev/hung")
-    holder = _hold_file(container, "/dev/hung/file")
+    holder = hold_file(container, "/dev/hung/file")
     try:
         fuse.hang()
         outcome = _bounded(lambda: engine.unmount(container.id, [GPU1]))
@@ -112,7 +99,7 @@ def test_a_nodev_hung_mount_is_skipped_and_real_holders_are_still_named(
     the process that holds the GPU, and `force` stops that one alone."""
     engine.mount(container.id, [GPU1])
     fuse.mount_in(container.pid, "/mnt/hung", nodev=True)  # (`ls /dev` would stat it)
-    file_holder = _hold_file(container, "/mnt/hung/file")
+    file_holder = hold_file(container, "/mnt/hung/file")
     gpu_holder = container.hold("/dev/nvidia1")
     try:
         fuse.hang()

@@ -25,6 +25,8 @@ import subprocess
 import threading
 import warnings
 
+from tests.support.runc import _V2_PREFIX, RuncContainer
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 CLONE_NEWNS, CLONE_FS, MS_NODEV = 0x00020000, 0x00000200, 0x4
 MNT_DETACH = 0x2
@@ -144,3 +146,17 @@ def _abort(connection: int) -> None:
     )
     subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                    check=True, timeout=30)  # fmt: skip
+
+
+def hold_file(container: RuncContainer, path: str) -> subprocess.Popen[bytes]:
+    """A process in the container with `path` open (any file, unlike `hold`), until the
+    container stops."""
+    script = f"exec 3<{path} && echo HELD && exec sleep 100000"
+    command = ["runc", "--root", str(container.state_root), "exec", container.id]
+    command += ["sh", "-c", script]
+    if container.mode == "v2":
+        command = ["unshare", "-m", "sh", "-c", _V2_PREFIX, "sh", *command[1:]]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    assert b"HELD" in proc.stdout.readline(), f"could not hold {path} open"
+    return proc
