@@ -66,6 +66,7 @@ class HostSources:
             self._host_fd = None
 
     def fds(self) -> list[int]:
+        """The fds open now (for a bounded child, which must keep them)."""
         host = [] if self._host_fd is None else [self._host_fd]
         return [*host, *self._roots.values()]
 
@@ -153,8 +154,7 @@ class DriverPlacer:
 
     def fds(self) -> list[int]:
         """What a bounded child needs: the namespace, the roots, the directories open."""
-        fds = [self.ns_fd, self.fs.root_fd, *self.fs.open_fds(), *self.sources.fds()]
-        return fds
+        return [self.ns_fd, self.fs.root_fd, *self.fs.open_fds(), *self.sources.fds()]
 
     # -- what the container has
     @_BOUNDED
