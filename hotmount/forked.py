@@ -5,9 +5,9 @@ blocks whoever touches it, uninterruptibly for a thread but not for a process: i
 waits are killable. So work that may touch a container's files, and every
 fork-then-setns step, runs here:
 
-- the child closes every inherited fd except those it is told to keep: another
-  call's pipe write end (whose reader would wait for an EOF that never comes while
-  this child lives) and the ledger's flock fds (a lock that would outlive its
+- the child closes every inherited pipe and file except those it is told to keep:
+  another call's pipe write end (whose reader would wait for an EOF that never comes
+  while this child lives) and the ledger's flock fds (a lock that would outlive its
   holder's release) are not carried along;
 - the parent waits for the answer up to a deadline, then SIGKILLs the child through
   a pidfd and reaps it (a child that does not die at once is reaped by a thread), and
@@ -25,6 +25,7 @@ import signal
 import struct
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -107,18 +108,27 @@ def _child(work: Callable[[], object], out: int, keep: set[int]) -> None:  # pra
             body = pickle.dumps(("err", KernelError(text)))
         _write_all(out, struct.pack("!Q", len(body)) + body)
         code = 0
+    except BaseException:
+        traceback.print_exc()  # to the agent's stderr: the parent says only "died"
     finally:
         os._exit(code)
 
 
 def _close_all_but(keep: set[int]) -> None:
-    """Close every fd but `keep` (close_range under the hood: no walk over RLIMIT_NOFILE)."""
-    low = 0
-    for fd in sorted(keep):
-        if fd > low:
-            os.closerange(low, fd)
-        low = max(low, fd + 1)
-    os.closerange(low, 1 << 30)
+    """Close every inherited pipe and file (a path: regular, directory, device, O_PATH)
+    but `keep`. Sockets and anonymous inodes (epoll, eventfd) stay: a library's fork
+    handler (grpc's) restarts its threads in the child on them, and they carry no EOF
+    another call waits for nor a lock."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd in keep:
+            continue
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own fd, closed already
+        if target.startswith(("pipe:", "/")):
+            os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
