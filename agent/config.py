@@ -98,6 +98,23 @@ class AgentSettings(BaseSettings):
     use_nvml: bool = Field(default=True, description="enumerate GPUs with NVML when it loads")
     stop_grace: float = Field(default=10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
     reconcile_interval: float = Field(default=5.0, gt=0, description="seconds between reconciles")
+    reconcile_stall_intervals: float = Field(
+        default=12.0,
+        ge=2,
+        description=(
+            "/healthz fails once the reconcile loop has shown no progress (a finished "
+            "pass, or a bounded child within one) for this many reconcile intervals, and "
+            "at least three --fs-deadline (counted from the start until the first pass)"
+        ),
+    )
+    fs_deadline: float = Field(
+        default=20.0,
+        gt=0,
+        description=(
+            "seconds a forked child doing work in a container's filesystem or mount "
+            "namespace may run before it is killed and its call fails"
+        ),
+    )
     idle_timeout: str | None = Field(
         default=None,
         description=(

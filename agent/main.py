@@ -25,6 +25,7 @@ from agent.config import AgentSettings, load_settings
 from agent.errors import ApiError, TooManyRequests, UpstreamError, status_of
 from agent.gateway import Gateway
 from agent.guard import Guard, Limits
+from agent.heartbeat import ReconcileHeartbeat
 from agent.kube.client import KubeClient
 from agent.metrics import Metrics
 from agent.node import Node
@@ -32,8 +33,10 @@ from agent.node.reconcile import ReconcilePass
 from agent.podresources import PodResourcesClient
 from agent.routes import containers, devices, health, pods
 from agent.schemas import Status
+from hotmount import forked
 from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import HotmountError
+from hotmount.results import ReconcileReport
 
 log = logging.getLogger("hotmount.agent")
 FRONT_PROXY_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
@@ -41,6 +44,7 @@ FRONT_PROXY_WAIT = 60.0  # seconds to wait at start for an API server that does 
 
 
 def engine_from(settings: AgentSettings) -> Engine:
+    forked.set_default_deadline(settings.fs_deadline)
     return Engine(
         EngineConfig(
             host_root=settings.host_root,
@@ -121,6 +125,11 @@ def create_app(
         description="Hot-mount GPUs into running pods. Errors are Kubernetes Status objects.",
     )
     app.state.node = node
+    # Never less than a few child deadlines: a pass is allowed its bounded failures.
+    allowance = max(
+        settings.reconcile_interval * settings.reconcile_stall_intervals, 3 * settings.fs_deadline
+    )
+    app.state.heartbeat = ReconcileHeartbeat(allowance, metrics.reconcile_last_success.set)
     app.state.settings = settings
     app.state.authenticator = Authenticator(settings, kube, front_proxy)
     app.state.authorizer = Authorizer(
@@ -210,18 +219,27 @@ class Reconciler:
     """Runs the engine's reconcile now (repairing what drifted while the agent was down),
     then every `interval` seconds."""
 
-    def __init__(self, reconcile_pass: ReconcilePass, interval: float) -> None:
+    def __init__(
+        self, reconcile_pass: ReconcilePass, interval: float, heartbeat: ReconcileHeartbeat
+    ) -> None:
         self.reconcile_pass = reconcile_pass
         self.interval = interval
+        self.heartbeat = heartbeat
+
+    def _one_pass(self) -> ReconcileReport:
+        self.heartbeat.started()
+        return self.reconcile_pass.reconcile()
 
     async def run(self) -> None:
         while True:
             try:
-                report = await asyncio.to_thread(self.reconcile_pass.reconcile)
+                report = await asyncio.to_thread(self._one_pass)
                 if report.repairs or report.forgotten or report.errors:
                     log.info("reconcile: %s", report.as_dict())
+                self.heartbeat.finished(ok=True)
             except Exception:
                 log.exception("reconcile failed")
+                self.heartbeat.finished(ok=False)
             await asyncio.sleep(self.interval)
 
 
@@ -247,7 +265,9 @@ async def _run(settings: AgentSettings) -> None:
     ):
         log.warning("standalone mode with no --token-file and no unix listener: nobody can call")
     reconciler = asyncio.create_task(
-        Reconciler(app.state.node.reconciler, settings.reconcile_interval).run()
+        Reconciler(
+            app.state.node.reconciler, settings.reconcile_interval, app.state.heartbeat
+        ).run()
     )
     log.info(
         "serving on %s (cgroup %s, %d devices)",

@@ -182,6 +182,11 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.reconcile_last_success = Gauge(
+            "hotmount_reconcile_last_success_timestamp_seconds",
+            "Unix time the last reconcile pass finished without raising (0: none yet)",
+            registry=self.registry,
+        )
 
     def watch_mounts(self, node: str, source: Callable[[], list[MountSample]]) -> None:
         """Serve the per-mount gauges from `source`, called at every scrape."""

@@ -22,14 +22,13 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
-import json
 import os
 import stat
-import warnings
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
+from hotmount import forked
 from hotmount.devices.model import DeviceNode
 from hotmount.errors import ContainerNotFound, KernelError, UnsafePath
 
@@ -185,6 +184,10 @@ class Openat2Fs:
         self._dirs = {}
         os.close(self.root_fd)
 
+    def open_fds(self) -> list[int]:
+        """The directory fds kept open (for a child that must keep them)."""
+        return list(self._dirs.values())
+
     def directory(self, path: str, create: bool) -> int | None:
         """`_dir` for other placers of files (hotmount/driver/place.py)."""
         return self._dir(path, create)
@@ -267,25 +270,20 @@ class SetnsFs:
         return bool(self._in_child("remove", node))
 
     def _in_child(self, op: str, node: DeviceNode) -> str | bool:
-        read_end, write_end = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # the child only makes syscalls
-            pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            os.close(read_end)
-            os._exit(_child(self.ns_fd, op, node, write_end))
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as pipe:
-            data = pipe.read()
-        os.waitpid(pid, 0)
-        reply = json.loads(data or b'{"error": "KernelError", "message": "the child died"}')
+        """One operation in a forked child (hotmount/forked.py: other fds closed, a
+        deadline, a kill)."""
+        reply = forked.run(
+            lambda: _child(self.ns_fd, op, node),
+            f"{op} of {node.path} in the container's mount namespace",
+            keep=(self.ns_fd,),
+        )
         if "error" in reply:
             kind = {"UnsafePath": UnsafePath, "ContainerNotFound": ContainerNotFound}
             raise kind.get(reply["error"], KernelError)(reply["message"])
         return reply["result"]
 
 
-def _child(ns_fd: int, op: str, node: DeviceNode, out: int) -> int:  # pragma: no cover
+def _child(ns_fd: int, op: str, node: DeviceNode) -> dict[str, str | bool]:  # pragma: no cover
     try:
         if _libc.setns(ns_fd, CLONE_NEWNS) != 0:
             err = ctypes.get_errno()
@@ -314,13 +312,12 @@ def _child(ns_fd: int, op: str, node: DeviceNode, out: int) -> int:  # pragma: n
                 result = _make_node(dirfd, name, node)
             else:
                 result = _remove_node(dirfd, name, node)
-        reply = {"result": result}
+        reply: dict[str, str | bool] = {"result": result}
     except (UnsafePath, KernelError) as exc:
         reply = {"error": type(exc).__name__, "message": exc.message}
     except OSError as exc:
         reply = {"error": "KernelError", "message": f"{node.path}: {exc.strerror}"}
-    os.write(out, json.dumps(reply).encode())
-    return 0
+    return reply
 
 
 def open_container_fs(proc_pid_dir: Path | str, method: str = "auto") -> ContainerFs:

@@ -125,3 +125,11 @@ class KernelError(HotmountError):
 
 class BpfError(KernelError):
     reason = "BpfError"
+
+
+class ChildTimeout(KernelError):
+    """A forked child (container filesystem work, a mount namespace step) ran past its
+    deadline and was killed: a tenant's filesystem that never answers costs one call."""
+
+    reason = "Timeout"
+    http_status = 504

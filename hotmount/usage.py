@@ -11,35 +11,21 @@ import contextlib
 import os
 import select
 import signal
-import stat
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from hotmount import openfiles
 from hotmount.errors import DeviceBusy, HeldWithStayingDevices, Holder
 
 
 def holders(proc: Path, pids: Iterable[int], numbers: set[tuple[int, int]]) -> list[Holder]:
-    """Processes among `pids` with an open fd on a character device in `numbers`."""
-    found: dict[tuple[int, str], Holder] = {}
-    for pid in pids:
-        fd_dir = os.path.join(proc, str(pid), "fd")
-        try:
-            entries = list(os.scandir(fd_dir))
-        except OSError:
-            continue  # exited, or a kernel thread
-        for entry in entries:
-            try:
-                st = os.stat(entry.path)  # follows the magic link to the open file
-            except OSError:
-                continue
-            if not stat.S_ISCHR(st.st_mode):
-                continue
-            number = (os.major(st.st_rdev), os.minor(st.st_rdev))
-            if number in numbers:
-                path = _readlink(entry.path)
-                found.setdefault((pid, path), Holder(pid, comm(proc, pid), path))
-    return sorted(found.values(), key=lambda h: (h.pid, h.path))
+    """Processes among `pids` with an open fd on a character device in `numbers`.
+
+    The fds are looked at without following them into a filesystem that may never
+    answer (a tenant's stopped NFS server, a FUSE server): hotmount/openfiles.py."""
+    held = openfiles.holding(proc, list(pids), numbers)
+    return [Holder(pid, comm(proc, pid), path) for pid, path in held]
 
 
 _nvml_retry_at = 0.0
@@ -269,12 +255,5 @@ def _wait(pidfds: dict[int, int], timeout: float) -> list[int]:
 def comm(proc: Path, pid: int) -> str:
     try:
         return (proc / str(pid) / "comm").read_text().strip()
-    except OSError:
-        return "?"
-
-
-def _readlink(path: str) -> str:
-    try:
-        return os.readlink(path)
     except OSError:
         return "?"

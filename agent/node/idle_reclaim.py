@@ -233,7 +233,11 @@ class IdleReclaim:
                 for p in entry.node_paths
                 if p in record.nodes
             }
-        found = len(usage.holders(self.engine.host.proc, pids, numbers))
+        try:
+            found = len(usage.holders(self.engine.host.proc, pids, numbers))
+        except HotmountError as exc:  # a filesystem that does not answer: held, not idle
+            log.warning("idle check of %s in %s: %s", entry.key, record.key, exc.message)
+            return 1
         if not found and device is not None and device.uuid and self.engine.config.use_nvml:
             found = len(usage.nvml_pids([device.uuid]) & set(pids))
         return found

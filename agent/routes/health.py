@@ -28,7 +28,12 @@ _PROBE_THREADS = anyio.CapacityLimiter(2)  # apart from the default pool the rou
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
+async def healthz(request: Request) -> dict[str, str]:
+    """Live: the reconcile loop finished a pass recently (agent/heartbeat.py). A hung
+    reconcile thread answers every route but does none of its work: restart it."""
+    stalled = request.app.state.heartbeat.stalled()
+    if stalled is not None:
+        raise NotReady(stalled)
     return {"status": "ok"}
 
 

@@ -21,8 +21,9 @@ import ctypes
 import ctypes.util
 import errno
 import os
-import warnings
+from collections.abc import Callable
 
+from hotmount import forked
 from hotmount.errors import ContainerNotFound, KernelError
 
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442  # x86_64 and aarch64
@@ -82,13 +83,13 @@ def readonly_copy(source_fd: int) -> int:
 
 def attach(ns_fd: int, tree_fd: int, target_fd: int) -> None:
     """Move the detached `tree_fd` onto `target_fd`, inside the namespace `ns_fd`."""
-    _in_namespace(ns_fd, lambda: _move(tree_fd, target_fd))
+    _in_namespace(ns_fd, lambda: _move(tree_fd, target_fd), keep=(tree_fd, target_fd))
 
 
 def detach(ns_fd: int, dir_fd: int, name: str) -> bool:
     """Unmount `name` in the directory `dir_fd` inside the namespace; True when it was
     busy and was detached lazily. An absent mount is not an error."""
-    return _in_namespace(ns_fd, lambda: _umount(dir_fd, name)) == 1
+    return _in_namespace(ns_fd, lambda: _umount(dir_fd, name), keep=(dir_fd,)) == 1
 
 
 def _move(tree_fd: int, target_fd: int) -> int:
@@ -110,39 +111,27 @@ def _umount(dir_fd: int, name: str) -> int:
     return 1
 
 
-def _in_namespace(ns_fd: int, work: object) -> int:
-    """Run `work` in a forked child inside the mount namespace; its errno comes back."""
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the child only makes syscalls
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 255
-        try:
-            os.close(read_end)
-            # A library's fork handler (grpc's) may start threads in the child; they
-            # share its fs_struct, and setns of a mount namespace refuses a shared one.
-            if _libc.unshare(CLONE_FS) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"unshare(CLONE_FS): {os.strerror(err)}")
-            if _libc.setns(ns_fd, CLONE_NEWNS) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"setns: {os.strerror(err)}")
-            result = work()  # type: ignore[operator]
-            os.write(write_end, f"ok {result}".encode())
-            code = 0
-        except OSError as exc:
-            os.write(write_end, f"err {exc.errno} {exc.strerror}".encode())
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        reply = pipe.read().decode()
-    os.waitpid(pid, 0)
-    kind, _, rest = reply.partition(" ")
-    if kind == "ok":
-        return int(rest)
-    number, _, text = rest.partition(" ")
-    if number.isdigit() and int(number) in (errno.ENOENT, errno.ESRCH):
-        raise ContainerNotFound(f"the container went away during a mount: {text}")
-    raise KernelError(f"in the container's mount namespace: {text or 'the child died'}")
+def _in_namespace(ns_fd: int, work: Callable[[], int], keep: tuple[int, ...]) -> int:
+    """Run `work` in a forked child inside the mount namespace (hotmount/forked.py: its
+    other fds closed, a deadline, a kill); its errno comes back."""
+
+    def in_namespace() -> int:  # pragma: no cover - runs in the child
+        # A library's fork handler (grpc's) may start threads in the child; they
+        # share its fs_struct, and setns of a mount namespace refuses a shared one.
+        if _libc.unshare(CLONE_FS) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unshare(CLONE_FS): {os.strerror(err)}")
+        if _libc.setns(ns_fd, CLONE_NEWNS) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns: {os.strerror(err)}")
+        return work()
+
+    try:
+        return forked.run(in_namespace, "a step in the container's mount namespace",
+                          keep=(ns_fd, *keep))  # fmt: skip
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ESRCH):
+            raise ContainerNotFound(
+                f"the container went away during a mount: {exc.strerror}"
+            ) from exc
+        raise KernelError(f"in the container's mount namespace: {exc.strerror}") from exc

@@ -19,6 +19,7 @@ import posixpath
 import stat
 from typing import NamedTuple
 
+from hotmount import forked
 from hotmount.devnodes import (
     RESOLVE_IN_ROOT,
     RESOLVE_NO_MAGICLINKS,
@@ -42,6 +43,10 @@ _RESOLVE_TARGET = _RESOLVE | RESOLVE_NO_XDEV
 _ABSENT, _PRESENT, _MISMATCH = "absent", "present", "mismatch"
 _SONAME_BYTES = 8 << 20  # the dynamic section and its strings sit near a library's start
 _CACHE_BYTES = 16 << 20
+# Every look at or change to the container's files runs in a killable child with a
+# deadline (hotmount/forked.py): a volume of the tenant's that never answers (a stopped
+# NFS server, a FUSE server) costs that one call, not the agent's reconcile thread.
+_BOUNDED = forked.bounded("driver files: work in the container's filesystem")
 
 
 class HostSources:
@@ -64,6 +69,11 @@ class HostSources:
         if self._host_fd is not None:
             os.close(self._host_fd)
             self._host_fd = None
+
+    def fds(self) -> list[int]:
+        """The fds open now (for a bounded child, which must keep them)."""
+        host = [] if self._host_fd is None else [self._host_fd]
+        return [*host, *self._roots.values()]
 
     def root(self, source_root: str) -> int:
         """An O_PATH fd of a source root (a host path), resolved inside the host's `/`."""
@@ -163,7 +173,12 @@ class DriverPlacer:
         self.sources.close()
         self.fs.close()
 
+    def fds(self) -> list[int]:
+        """What a bounded child needs: the namespace, the roots, the directories open."""
+        return [self.ns_fd, self.fs.root_fd, *self.fs.open_fds(), *self.sources.fds()]
+
     # -- what the container has
+    @_BOUNDED
     def libc_dir(self) -> str | None:
         """The first glibc default directory that holds the container's libc.so.6."""
         for directory in library_dirs():
@@ -171,9 +186,11 @@ class DriverPlacer:
                 return directory
         return None
 
+    @_BOUNDED
     def found(self, name: str) -> set[str]:
         return {f"{d}/{name}" for d in library_dirs() if self._lstat(d, name) is not None}
 
+    @_BOUNDED
     def ld_cache(self) -> bytes | None:
         """The container's /etc/ld.so.cache, read (never written, never run).
 
@@ -205,6 +222,7 @@ class DriverPlacer:
         finally:
             os.close(fd)
 
+    @_BOUNDED
     def read_only(self) -> bool:
         """Whether the container's root, or the directory of its libc, is mounted
         read-only: nothing can be placed there (`auto` then brings nothing)."""
@@ -220,6 +238,7 @@ class DriverPlacer:
         except OSError:
             return False
 
+    @_BOUNDED
     def state(self, file: DriverFile, mounted: Mounted | None = None) -> str:
         """absent, present (exactly ours) or mismatch. `mounted`: what was bound there
         (else the host's file now is what a bind must show)."""
@@ -245,6 +264,7 @@ class DriverPlacer:
             return _PRESENT
         return _MISMATCH
 
+    @_BOUNDED
     def mounted(self, file: DriverFile) -> Mounted | None:
         """What a bind placed at `file.path` is now (None: not there, or a symlink)."""
         parent, name = posixpath.split(file.path)
@@ -257,12 +277,14 @@ class DriverPlacer:
             return None
         return Mounted(st.st_dev, st.st_ino, _mnt_id(dirfd, name))
 
+    @_BOUNDED
     def check(self, file: DriverFile) -> None:
         """Refuse, before anything changes, a target that holds something else."""
         if self.state(file) == _MISMATCH:
             raise self._refusal(file)
 
     # -- place
+    @_BOUNDED
     def place(self, file: DriverFile) -> bool:
         """Add one file; False when exactly it was there already."""
         parent, name = posixpath.split(file.path)
@@ -329,6 +351,7 @@ class DriverPlacer:
             raise KernelError(f"{path} in the container: {exc.strerror}") from exc
 
     # -- remove
+    @_BOUNDED
     def remove(
         self, file: DriverFile, created: bool, mounted: Mounted | None = None
     ) -> tuple[bool, bool]:

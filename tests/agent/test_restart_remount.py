@@ -254,6 +254,9 @@ def test_a_restarted_container_gets_the_driver_files_again_as_its_first_mount_ha
     new = restart(cluster, "nb", old, rootfs=plain_rootfs(cluster.workdir / "image-nb-again"))
     remounted(cluster, new)
 
+    if with_driver:  # the driver's files come after the node: wait for what is asserted
+        wait_for(lambda: smi(new)[0] == 0, "the driver files in the new container",
+                 show=lambda: smi(new)[1])  # fmt: skip
     code, out = smi(new)
     assert (code == 0) is with_driver, out
     with agent.client(ALICE) as api:

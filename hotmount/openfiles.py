@@ -1,0 +1,155 @@
+"""Which character devices a container's processes hold open, without hanging on a
+tenant's filesystem.
+
+`stat("/proc/PID/fd/N")` follows the fd into the file: on a volume whose NFS server
+the tenant stopped, or on a FUSE server that never answers, it blocks for ever. So
+each fd is looked at in steps that touch no filesystem first:
+
+1. `readlink` of the fd (procfs prints the path it has; it asks the file's filesystem
+   nothing): a target that is not a path (`pipe:[..]`, `socket:[..]`, `anon_inode:..`)
+   is no device node;
+2. the fd's mount, by `mnt_id` in `/proc/PID/fdinfo/N`, looked up in the process's
+   own `/proc/PID/mountinfo` (both printed from the kernel's memory): a mount with
+   `nodev` cannot have given anyone an open device, so it is skipped; a filesystem that
+   answers `stat` from memory or a local disk (tmpfs, devtmpfs, overlay, ext4, ...)
+   is stat'ed. The path is not trusted for this: a tenant can name a FUSE file
+   `/dev/anything` in its own mount namespace, and the mount says what it is;
+3. a dev-capable mount of any other filesystem (NFS, FUSE, CIFS, ...) may hold a device
+   node the tenant made, so it is stat'ed too, but last and apart, in a child of its
+   own: if it does not answer in time the scan fails with `ChildTimeout` naming those
+   files (nothing is stopped or revoked on a guess).
+
+Both passes run in killable children with a deadline (hotmount/forked.py): a tenant
+that swaps an fd between step 2 and the stat (a race) costs one failed scan, not the
+agent.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from hotmount import forked
+from hotmount.errors import ChildTimeout
+
+# Filesystems whose getattr answers from memory or a local disk.
+LOCAL_FILESYSTEMS = frozenset(
+    {"tmpfs", "devtmpfs", "ramfs", "overlay", "ext2", "ext3", "ext4", "xfs", "btrfs",
+     "squashfs", "erofs", "vfat", "zfs", "proc", "sysfs", "devpts", "mqueue", "hugetlbfs"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Mount:
+    fstype: str
+    nodev: bool
+
+
+@dataclass(frozen=True)
+class _Remote:
+    """An fd on a dev-capable mount of a filesystem that may not answer."""
+
+    pid: int
+    fd_path: str
+    target: str
+    fstype: str
+
+
+def holding(proc: Path, pids: list[int], numbers: set[tuple[int, int]]) -> list[tuple[int, str]]:
+    """(PID, path) of each fd among `pids` open on a character device in `numbers`."""
+    if not pids or not numbers:
+        return []
+    found, remote = forked.run(
+        lambda: _scan(proc, pids, numbers), "the scan of the container's open files"
+    )
+    if remote:
+        try:
+            found += forked.run(lambda: _stat_remote(proc, remote, numbers),
+                                "a look at open files on network or FUSE filesystems")  # fmt: skip
+        except ChildTimeout as exc:
+            files = ", ".join(f"PID {r.pid} {r.target} ({r.fstype})" for r in remote[:5])
+            raise ChildTimeout(
+                f"could not tell whether the container's processes hold the device: "
+                f"open files on a filesystem that does not answer: {files} ({exc.message})"
+            ) from exc
+    return sorted(set(found))
+
+
+def _scan(
+    proc: Path, pids: list[int], numbers: set[tuple[int, int]]
+) -> tuple[list[tuple[int, str]], list[_Remote]]:  # pragma: no cover - runs in a child
+    found: list[tuple[int, str]] = []
+    remote: list[_Remote] = []
+    mounts_by_ns: dict[str, dict[int, _Mount]] = {}
+    for pid in pids:
+        base = os.path.join(proc, str(pid))
+        try:
+            names = os.listdir(os.path.join(base, "fd"))
+            ns = os.readlink(os.path.join(base, "ns", "mnt"))
+            mounts = mounts_by_ns.get(ns)
+            if mounts is None:
+                mounts = mounts_by_ns[ns] = _mounts(os.path.join(base, "mountinfo"))
+        except OSError:
+            continue  # exited, or a kernel thread
+        for name in names:
+            fd_path = os.path.join(base, "fd", name)
+            try:
+                target = os.readlink(fd_path)
+                mount = mounts.get(_mnt_id(os.path.join(base, "fdinfo", name)))
+            except OSError:
+                continue  # closed meanwhile
+            if not target.startswith("/") or (mount is not None and mount.nodev):
+                continue
+            if mount is None or mount.fstype not in LOCAL_FILESYSTEMS:
+                fstype = mount.fstype if mount else "unknown"
+                remote.append(_Remote(pid, fd_path, target, fstype))
+                continue
+            found += _holder(proc, pid, fd_path, target, numbers)
+    return found, remote
+
+
+def _stat_remote(
+    proc: Path, remote: list[_Remote], numbers: set[tuple[int, int]]
+) -> list[tuple[int, str]]:  # pragma: no cover - runs in a child
+    found: list[tuple[int, str]] = []
+    for r in remote:
+        found += _holder(proc, r.pid, r.fd_path, r.target, numbers)
+    return found
+
+
+def _holder(
+    proc: Path, pid: int, fd_path: str, target: str, numbers: set[tuple[int, int]]
+) -> list[tuple[int, str]]:  # pragma: no cover - runs in a child
+    try:
+        st = os.stat(fd_path)  # follows the magic link to the open file
+    except OSError:
+        return []
+    if not stat.S_ISCHR(st.st_mode):
+        return []
+    if (os.major(st.st_rdev), os.minor(st.st_rdev)) not in numbers:
+        return []
+    return [(pid, target)]
+
+
+def _mnt_id(fdinfo: str) -> int | None:
+    with open(fdinfo) as info:
+        for line in info:
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    return None
+
+
+def _mounts(mountinfo: str) -> dict[int, _Mount]:
+    """mount id -> (filesystem type, nodev) from a mountinfo (proc(5))."""
+    mounts: dict[int, _Mount] = {}
+    with open(mountinfo) as info:
+        for line in info:
+            fields = line.split()
+            try:
+                fstype = fields[fields.index("-", 6) + 1]
+            except (ValueError, IndexError):
+                continue
+            mounts[int(fields[0])] = _Mount(fstype, "nodev" in fields[5].split(","))
+    return mounts

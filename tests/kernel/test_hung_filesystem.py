@@ -1,0 +1,210 @@
+"""A tenant's filesystem that never answers (issue 29, item 3; item 11).
+
+The stand-in for an NFS volume whose server the tenant stopped is a FUSE server that
+stops answering (tests/support/hung_fuse.py), mounted in the runc container's own
+mount namespace. Every call here runs on a thread joined with a bound: without the
+fixes it hangs there (the bound fails the test, then the FUSE connection is aborted
+so the thread and the container can go).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hotmount import forked
+from hotmount.engine import Engine, EngineConfig
+from hotmount.errors import ChildTimeout, DeviceBusy, HotmountError
+from tests.fakes import driver as stand_in
+from tests.kernel.conftest import GPU1
+from tests.kernel.test_driver_files import GPU, _cdi_spec, _rootfs
+from tests.support.hung_fuse import HungFuse, hold_file
+from tests.support.runc import RuncContainer
+
+BOUND = 60.0  # seconds a call may take here before it counts as hung
+
+
+@pytest.fixture(autouse=True)
+def short_deadline() -> Iterator[None]:
+    """The agent's --fs-deadline, short: each bounded failure below costs this long."""
+    before = forked.DEFAULT_DEADLINE
+    forked.set_default_deadline(3.0)
+    yield
+    forked.set_default_deadline(before)
+
+
+@pytest.fixture
+def fuse() -> Iterator[HungFuse]:
+    server = HungFuse()
+    yield server
+    server.close()
+
+
+def _bounded(call: Callable[[], object], seconds: float = BOUND) -> object:
+    """`call()` on a thread: its result, or the exception it raised; fails if it hangs."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "the call hung on the tenant's filesystem"
+    return box.get("error", box.get("result"))
+
+
+def _end(*procs: subprocess.Popen[bytes]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.communicate()
+
+
+def test_unmount_fails_bounded_when_a_holder_has_a_dev_named_file_on_a_hung_mount(
+    engine: Engine, container: RuncContainer, fuse: HungFuse
+) -> None:
+    """The attack: a file named /dev/... on the tenant's own (dev-capable) FUSE mount,
+    held open, then the server stops. The scan may not stat it in the agent's thread;
+    it cannot tell whether that fd is a GPU, so the unmount fails, bounded, and changes
+    nothing (it never revokes or stops on a guess)."""
+    engine.mount(container.id, [GPU1])
+    fuse.mount_in(container.pid, "/dev/hung")
+    holder = hold_file(container, "/dev/hung/file")
+    try:
+        fuse.hang()
+        outcome = _bounded(lambda: engine.unmount(container.id, [GPU1]))
+
+        assert isinstance(outcome, ChildTimeout), outcome
+        assert "/dev/hung/file (fuse)" in outcome.message
+        assert GPU1 in engine.ledger.load(container.id).devices
+        assert container.open_result("/dev/nvidia1") == "OK"  # still granted
+    finally:
+        fuse.close()
+        _end(holder)
+
+
+def test_a_nodev_hung_mount_is_skipped_and_real_holders_are_still_named(
+    engine: Engine, container: RuncContainer, fuse: HungFuse
+) -> None:
+    """On a nodev mount no fd can be a device: it is never stat'ed; the scan still names
+    the process that holds the GPU, and `force` stops that one alone."""
+    engine.mount(container.id, [GPU1])
+    fuse.mount_in(container.pid, "/mnt/hung", nodev=True)  # (`ls /dev` would stat it)
+    file_holder = hold_file(container, "/mnt/hung/file")
+    gpu_holder = container.hold("/dev/nvidia1")
+    try:
+        fuse.hang()
+        busy = _bounded(lambda: engine.unmount(container.id, [GPU1]))
+
+        assert isinstance(busy, DeviceBusy), busy
+        assert {h.path for h in busy.holders} == {"/dev/nvidia1"}
+        forced = _bounded(lambda: engine.unmount(container.id, [GPU1], force=True))
+        assert not isinstance(forced, BaseException), forced
+        assert forced.stopped_pids == [h.pid for h in busy.holders]  # the GPU's holder only
+        assert file_holder.poll() is None
+        assert "nvidia1" not in container.ls_dev()
+    finally:
+        fuse.close()
+        _end(file_holder, gpu_holder)
+
+
+def test_a_hung_setns_child_is_killed_and_keeps_no_other_calls_pipe_or_lock(
+    tmp_path: Path, cdi_dir: Path, container: RuncContainer, fuse: HungFuse
+) -> None:
+    """Item 11: a fork-then-setns child stuck in the tenant's filesystem (here its /dev
+    is the hung mount) holds no copy of another call's pipe write end (that call would
+    wait for an EOF for ever) nor of a ledger lock held when it was forked; past its
+    deadline it is killed, and the mount fails and is rolled back."""
+    forked.set_default_deadline(30.0)  # hung long enough to look at it meanwhile
+    engine = Engine(
+        EngineConfig(
+            cdi_dirs=(str(cdi_dir),), state_dir=tmp_path / "state", use_nvml=False,
+            node_method="setns",
+        )
+    )  # fmt: skip
+    fuse.mount_in(container.pid, "/dev")
+    fuse.hang()
+    other_read, other_write = os.pipe()  # another call's pipe, open while the child forks
+    try:
+        with engine.ledger.lock("another-container"):
+            box: dict[str, object] = {}
+            mounting = threading.Thread(
+                target=lambda: box.update(outcome=_bounded(
+                    lambda: engine.mount(container.id, [GPU1])
+                )),
+                daemon=True,
+            )  # fmt: skip
+            mounting.start()
+            _wait_until(lambda: fuse.pending > 0, "the child to be stuck in the tenant's /dev")
+        # The lock's holder is done with it: nobody else may still hold it.
+        relocked = _bounded(lambda: _lock_once(engine), 10)
+        assert relocked is True, relocked
+        os.close(other_write)
+        readable, _, _ = select.select([other_read], [], [], 10)
+        assert readable and os.read(other_read, 1) == b"", "a hung child kept a pipe's write end"
+
+        mounting.join(BOUND)
+        assert not mounting.is_alive()
+        outcome = box["outcome"]
+        assert isinstance(outcome, ChildTimeout), outcome
+        assert "did not finish within 30s" in outcome.message
+        record = engine.ledger.load(container.id)
+        assert record is None or GPU1 not in record.devices  # rolled back
+    finally:
+        fuse.close()
+        os.close(other_read)
+
+
+def _lock_once(engine: Engine) -> bool:
+    with engine.ledger.lock("another-container"):
+        return True
+
+
+def _wait_until(condition: Callable[[], bool], what: str) -> None:
+    done = threading.Event()
+    for _ in range(300):
+        if condition():
+            return
+        done.wait(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_driver_placement_into_a_hung_library_directory_fails_bounded(
+    tmp_path: Path, mode: str, fuse: HungFuse
+) -> None:
+    """Item 3b: under auto the placer looks for libcuda.so.1 in the container's library
+    directories; one of them is the tenant's hung mount. The mount fails bounded (or,
+    where that directory is not crossed into, goes on), and it never half-happens."""
+    driver_root = stand_in.build_root(tmp_path / "driver")
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    (cdi / "nvidia.yaml").write_text(_cdi_spec(driver_root, tmp_path / "hook").split("  env:")[0])
+    auto = Engine(
+        EngineConfig(
+            cdi_dirs=(str(cdi),), state_dir=tmp_path / "state", use_nvml=False,
+            driver_root=str(driver_root), inject_driver="auto",
+        )
+    )  # fmt: skip
+    container = RuncContainer(tmp_path, _rootfs(tmp_path / "image"), mode)
+    try:
+        fuse.mount_in(container.pid, "/usr/lib64")
+        fuse.hang()
+        outcome = _bounded(lambda: auto.mount(container.id, [GPU]))
+
+        if isinstance(outcome, BaseException):
+            assert isinstance(outcome, HotmountError), outcome
+            record = auto.ledger.load(container.id)
+            assert record is None or not record.devices
+            assert "nvidia0" not in container.ls_dev()
+    finally:
+        fuse.close()
+        container.stop()
