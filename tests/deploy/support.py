@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +118,62 @@ def agent_argv(daemonset: Obj) -> list[str]:
     words = container.get("command", []) + container.get("args", [])
     assert "hotmount-agent" in words, f"the agent container does not run hotmount-agent: {words}"
     return words[words.index("hotmount-agent") + 1 :]
+
+
+class _LookupHandler(BaseHTTPRequestHandler):
+    """The part of an API server that Helm's `lookup` of one core/v1 object uses:
+    discovery of core/v1 and GET of one object, 404 with a Status like the real one."""
+
+    resource: dict[str, Any] = {}
+    objects: dict[tuple[str, str], Obj] = {}
+
+    def do_GET(self) -> None:
+        path = self.path.partition("?")[0]
+        parts = path.strip("/").split("/")
+        plural = self.resource["name"]
+        found = None
+        if path == "/api/v1":
+            resource = self.resource | {"namespaced": True, "verbs": ["get", "list"]}
+            found = {"kind": "APIResourceList", "groupVersion": "v1", "resources": [resource]}
+        elif parts[:3] == ["api", "v1", "namespaces"] and parts[4:5] == [plural]:
+            found = self.objects.get((parts[3], parts[5]))
+        if found is None:
+            found = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                     "reason": "NotFound", "code": 404}  # fmt: skip
+        self._answer(404 if found.get("kind") == "Status" else 200, found)
+
+    def _answer(self, code: int, body: Obj) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def lookup_server(
+    tmp_path: Path, resource: dict[str, str], objects: dict[tuple[str, str], Obj]
+) -> Iterator[Path]:
+    """A kubeconfig for an API server that serves `objects` (by namespace and name) of
+    one core/v1 `resource` ({name, singularName, kind}) to Helm's `lookup`."""
+    handler = type("Handler", (_LookupHandler,), {"resource": resource, "objects": objects})
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {
+                "server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+            "users": [{"name": "test", "user": {"token": "test"}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        }))  # fmt: skip
+        try:
+            yield kubeconfig
+        finally:
+            server.shutdown()
+            thread.join()

@@ -16,9 +16,7 @@ import base64
 import datetime
 import json
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -45,6 +43,7 @@ from tests.deploy.support import (
     load_dir,
     load_documents,
     load_file,
+    lookup_server,
     round_trip,
     without_helm_labels,
 )
@@ -215,63 +214,15 @@ def test_an_own_secret_without_its_ca_bundle_is_refused_with_a_pointer():
     assert "tls.caBundle" in done.stderr
 
 
-class _Secrets(BaseHTTPRequestHandler):
-    """The part of an API server that Helm's `lookup` of a Secret uses: discovery of
-    core/v1 and GET of one Secret, answering 404 with a Status like the real one."""
-
-    secrets: dict[tuple[str, str], Obj] = {}
-
-    def do_GET(self) -> None:
-        path = self.path.partition("?")[0]
-        parts = path.strip("/").split("/")
-        if path == "/api/v1":
-            resource = {"name": "secrets", "singularName": "secret", "namespaced": True}
-            resource |= {"kind": "Secret", "verbs": ["get", "list"]}
-            self._answer(200, {"kind": "APIResourceList", "groupVersion": "v1",
-                               "resources": [resource]})  # fmt: skip
-        elif parts[:3] == ["api", "v1", "namespaces"] and parts[4:5] == ["secrets"]:
-            found = self.secrets.get((parts[3], parts[5]))
-            if found:
-                self._answer(200, found)
-            else:
-                self._answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                   "reason": "NotFound", "code": 404})  # fmt: skip
-        else:
-            self._answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                               "reason": "NotFound", "code": 404})  # fmt: skip
-
-    def _answer(self, code: int, body: Obj) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+SECRETS = {"name": "secrets", "singularName": "secret", "kind": "Secret"}
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[tuple[str, str], Obj]]]:
     """A kubeconfig for the Secret-serving API server, and its Secrets by (namespace, name)."""
-    handler = type("Handler", (_Secrets,), {"secrets": {}})
-    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {
-                "server": f"http://127.0.0.1:{server.server_address[1]}"}}],
-            "users": [{"name": "test", "user": {"token": "test"}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-        }))  # fmt: skip
-        try:
-            yield kubeconfig, handler.secrets
-        finally:
-            server.shutdown()
-            thread.join()
+    secrets: dict[tuple[str, str], Obj] = {}
+    with lookup_server(tmp_path, SECRETS, secrets) as kubeconfig:
+        yield kubeconfig, secrets
 
 
 def test_an_upgrade_keeps_the_installed_ca_and_certificate(cluster):

@@ -8,17 +8,13 @@ wire format, `helm template --dry-run=server`), else every address.
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.deploy.support import KUBE, Obj, find, load_dir, without_helm_labels
+from tests.deploy.support import KUBE, Obj, find, load_dir, lookup_server, without_helm_labels
 from tests.deploy.test_helm import HELM, render, render_values
 
 pytestmark = pytest.mark.skipif(HELM is None, reason="no helm (see tests/deploy/test_helm.py)")
@@ -74,61 +70,20 @@ def test_the_api_server_and_clients_from_values(tmp_path: Path) -> None:
     assert peers == [AGENTS, {"ipBlock": {"cidr": "10.0.0.10/32"}}, konnectivity, notebooks]
 
 
-class _Endpoints(BaseHTTPRequestHandler):
-    """What Helm's `lookup` of one Endpoints object reads: discovery of core/v1 and the
-    GET, as a real API server answers it."""
-
-    addresses: list[str] = []
-
-    def do_GET(self) -> None:
-        path = self.path.partition("?")[0]
-        if path == "/api/v1":
-            resource = {"name": "endpoints", "singularName": "endpoints", "namespaced": True}
-            resource |= {"kind": "Endpoints", "verbs": ["get", "list"]}
-            body = {"kind": "APIResourceList", "groupVersion": "v1", "resources": [resource]}
-            self._answer(200, body)
-        elif path == "/api/v1/namespaces/default/endpoints/kubernetes":
-            self._answer(200, {
-                "apiVersion": "v1", "kind": "Endpoints",
-                "metadata": {"name": "kubernetes", "namespace": "default"},
-                "subsets": [{"addresses": [{"ip": ip} for ip in self.addresses],
-                             "ports": [{"name": "https", "port": 6443}]}],
-            })  # fmt: skip
-        else:
-            self._answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                               "reason": "NotFound", "code": 404})  # fmt: skip
-
-    def _answer(self, code: int, body: Obj) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+ENDPOINTS = {"name": "endpoints", "singularName": "endpoints", "kind": "Endpoints"}
 
 
 @pytest.fixture
 def kubeconfig(tmp_path: Path) -> Iterator[Path]:
-    handler = type("Handler", (_Endpoints,), {"addresses": ["192.168.7.2", "fd00::7"]})
-    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        path = tmp_path / "kubeconfig"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {
-                "server": f"http://127.0.0.1:{server.server_address[1]}"}}],
-            "users": [{"name": "test", "user": {"token": "test"}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-        }))  # fmt: skip
-        try:
-            yield path
-        finally:
-            server.shutdown()
-            thread.join()
+    """An API server whose `kubernetes` Endpoints name two addresses, for Helm's lookup."""
+    endpoints = {
+        "apiVersion": "v1", "kind": "Endpoints",
+        "metadata": {"name": "kubernetes", "namespace": "default"},
+        "subsets": [{"addresses": [{"ip": ip} for ip in ("192.168.7.2", "fd00::7")],
+                     "ports": [{"name": "https", "port": 6443}]}],
+    }  # fmt: skip
+    with lookup_server(tmp_path, ENDPOINTS, {("default", "kubernetes"): endpoints}) as path:
+        yield path
 
 
 def test_an_install_admits_the_api_servers_own_addresses(kubeconfig: Path) -> None:
