@@ -31,6 +31,7 @@ from tests.support.image import build_agent_image
 
 WHY_NOT = cluster.missing_requirements()
 TIMINGS: dict[str, float] = {}
+KUBECTL_VERSION: list[str] = []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -52,6 +53,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if TIMINGS:
         parts = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in TIMINGS.items())
         terminalreporter.write_line(f"k8s tier: {parts}")
+    for line in KUBECTL_VERSION:
+        terminalreporter.write_line(f"k8s tier: kubectl version: {line}")
 
 
 FAILED_SETUP: dict[str, str] = {}
@@ -105,6 +108,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         with _Setup("the k8s node"), _Timer("image import"):
             started.import_image(image.archive)
         started.image = image  # type: ignore[attr-defined]
+        KUBECTL_VERSION[:] = started.kubectl("version", check=False).stdout.splitlines()
         yield started
     finally:
         with _Timer("teardown"):

@@ -69,7 +69,9 @@ APISERVER_PORT = 6443
 ETCD_PORTS = (22379, 22380)
 PAUSE_IMAGE = "hotmount.test/pause:1"
 BUSYBOX_IMAGE = "hotmount.test/busybox:1"
-SYSTEM_TOOLS = ("etcd", "containerd", "ctr", "runc", "kubectl", "iptables", "ip", "busybox")
+SYSTEM_TOOLS = ("kubectl", "iptables", "ip", "busybox")
+# 1.20 runs Debian's etcd, containerd and runc; 1.37 builds its own (go, cgo for runc's seccomp)
+STACK_TOOLS = {"1.20": ("etcd", "containerd", "ctr", "runc"), "1.37": ("go", "gcc", "pkg-config")}
 CNI_BIN = Path("/usr/lib/cni")
 
 # oom_score_adj below 0 is refused here; the kubelet asks -998 for every sandbox.
@@ -96,7 +98,8 @@ def missing_requirements() -> str | None:
     """Why the node cannot run here, or None."""
     if os.geteuid() != 0:
         return "needs root (a kubelet, containerd, cgroups, veth, iptables)"
-    missing = [tool for tool in SYSTEM_TOOLS if shutil.which(tool) is None]
+    tools = (*SYSTEM_TOOLS, *STACK_TOOLS[stack_version()])
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if not (CNI_BIN / "bridge").exists():
         missing.append("containernetworking-plugins")
     if missing:
@@ -109,13 +112,24 @@ class Stack:
     """Which binaries the node runs: the Kubernetes minor version says which flags they take."""
 
     minor: int
-    kubernetes: Path
+    kubernetes: Path  # .../kubernetes-<release>/bin
     etcd: str
     containerd: str
     ctr: str
     runc: str
     # prepended to containerd's PATH: it starts the containerd-shim-runc-v2 it finds there
     shim_dir: Path | None = None
+
+    @property
+    def release(self) -> str:
+        """The Kubernetes release the binaries report, as `kubectl version` shows it."""
+        return "v" + self.kubernetes.parent.name.removeprefix("kubernetes-")
+
+    @property
+    def containerd_release(self) -> str | None:
+        """containerd's version where this tier built it, else None (Debian's)."""
+        name = Path(self.containerd).parent.parent.name
+        return name.removeprefix("containerd-") if name.startswith("containerd-") else None
 
     @property
     def own_dirs(self) -> tuple[Path, ...]:
@@ -257,6 +271,16 @@ class Node:
         if check and result.returncode != 0:
             raise RuntimeError(f"{shlex.join(command)}: {result.stderr.strip()}")
         return result
+
+    def service_account_ready(self, namespace: str) -> bool:
+        """Whether pods can be made in `namespace`: before 1.24 the tokens controller has to
+        mint the default ServiceAccount's token Secret; since, tokens are projected per pod
+        and the ServiceAccount itself is enough."""
+        if self.stack.minor < 24:
+            found = self.kubectl("get", "secrets", "-n", namespace, "-o", "name", check=False)
+            return "default-token" in found.stdout
+        found = self.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False)
+        return found.returncode == 0
 
     def apply(self, manifest: object, user: str = "admin") -> None:
         documents = manifest if isinstance(manifest, list) else [manifest]
@@ -656,16 +680,7 @@ disabled_plugins = [
             "wait", "--for=condition=Ready", f"node/{NODE_NAME}", "--timeout=5s",
             check=False, timeout=30,
         ).returncode == 0, 180)  # fmt: skip
-        if self.stack.minor < 24:
-            # The tokens controller has to mint the default ServiceAccount's token before pods run.
-            self._wait("default ServiceAccount token", lambda: "default-token" in self.kubectl(
-                "get", "secrets", "-n", "default", "-o", "name", check=False,
-            ).stdout, 120)  # fmt: skip
-        else:
-            # Tokens are projected per pod since 1.24: the ServiceAccount itself is enough.
-            self._wait("default ServiceAccount", lambda: self.kubectl(
-                "get", "serviceaccount", "default", "-n", "default", check=False,
-            ).returncode == 0, 120)  # fmt: skip
+        self._wait("default ServiceAccount", lambda: self.service_account_ready("default"), 120)
 
     def _wait(self, what: str, ready: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
