@@ -133,12 +133,11 @@ class Stack:
 
     @property
     def own_dirs(self) -> tuple[Path, ...]:
-        """Directories only this tier runs binaries from (leftover processes are found by them)."""
-        return tuple(
-            Path(p) for p in {str(self.kubernetes), str(Path(self.etcd).parent),
-                              str(Path(self.containerd).parent)}
-            if p not in ("/usr/bin", "/usr/sbin", "/bin", "/sbin")
-        )  # fmt: skip
+        """Directories only this tier runs binaries from (leftover processes are found by
+        them): never Debian's etcd or containerd, which other tests may be running."""
+        if self.shim_dir is None:
+            return (self.kubernetes,)
+        return (self.kubernetes, Path(self.etcd).parent, self.shim_dir)
 
 
 def stack_version() -> str:
