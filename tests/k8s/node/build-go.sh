@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the real-node tier's current stack from Go modules and caches it outside the
-# checkout, keyed by version: Kubernetes (kube/build.sh, one `go build` for five
-# binaries), etcd 3.6 (etcd/, etcdmain.Main) and containerd 2 with its runc shim, ctr
-# and runc (containerd/, the go.mod's tool lines, -tags no_btrfs). Go's module and
-# build caches live in the same cache, so a second run builds nothing.
+# checkout, keyed by version: Kubernetes (kube/build.sh, one `go build` for the five
+# server binaries and kubectl), etcd 3.6 (etcd/, etcdmain.Main), and containerd 2 with
+# its runc shim and ctr (containerd/, the go.mod's tool lines, -tags no_btrfs) and runc
+# (cgo, -tags seccomp). Go's module and build caches live in the same cache, so a
+# second run builds nothing.
 #   usage: build-go.sh      prints three lines: kubernetes=DIR etcd=DIR containerd=DIR
 # Environment: HOTMOUNT_K8S_CACHE (default /var/cache/gpu-hotmount).
 set -euo pipefail

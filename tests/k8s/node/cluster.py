@@ -117,6 +117,7 @@ class Stack:
     containerd: str
     ctr: str
     runc: str
+    kubectl: str = "kubectl"  # the host's for 1.20; the stack's own, same release, for 1.37
     # prepended to containerd's PATH: it starts the containerd-shim-runc-v2 it finds there
     shim_dir: Path | None = None
 
@@ -171,11 +172,12 @@ def build_stack(version: str | None = None) -> Stack:
             ctr="ctr", runc=shutil.which("runc") or "runc",
         )  # fmt: skip
     dirs = dict(line.split("=", 1) for line in _build(GO_BUILD_SCRIPT).splitlines() if "=" in line)
-    containerd = Path(dirs["containerd"])
+    kubernetes, containerd = Path(dirs["kubernetes"]), Path(dirs["containerd"])
     return Stack(
-        minor=int(version.split(".")[1]), kubernetes=Path(dirs["kubernetes"]),
+        minor=int(version.split(".")[1]), kubernetes=kubernetes,
         etcd=str(Path(dirs["etcd"]) / "etcd"), containerd=str(containerd / "containerd"),
-        ctr=str(containerd / "ctr"), runc=str(containerd / "runc"), shim_dir=containerd,
+        ctr=str(containerd / "ctr"), runc=str(containerd / "runc"),
+        kubectl=str(kubernetes / "kubectl"), shim_dir=containerd,
     )  # fmt: skip
 
 
@@ -262,7 +264,7 @@ class Node:
         self, *args: str, user: str = "admin", check: bool = True, timeout: float = 120,
         stdin: str | None = None,
     ) -> subprocess.CompletedProcess[str]:  # fmt: skip
-        command = ["kubectl", "--kubeconfig", str(self.kubeconfigs[user]), *args]
+        command = [self.stack.kubectl, "--kubeconfig", str(self.kubeconfigs[user]), *args]
         result = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, check=False, input=stdin,
             stdin=None if stdin is not None else subprocess.DEVNULL,

@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 version="$(sed -n 's/^\tk8s.io\/kubernetes \(v[0-9.]*\).*/\1/p' go.mod)"
 cache="${HOTMOUNT_K8S_CACHE:-/var/cache/gpu-hotmount}"
 bin="$cache/kubernetes-${version#v}/bin"
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 missing=()
 for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$bin"; exit 0; fi

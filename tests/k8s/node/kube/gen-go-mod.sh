@@ -26,7 +26,7 @@ go_line="$(grep -m1 '^go ' "$kk_mod")"
     echo ")"
     echo
     echo "tool ("
-    for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
+    for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
         printf '\tk8s.io/kubernetes/cmd/%s\n' "$cmd"
     done
     echo ")"
