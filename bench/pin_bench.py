@@ -152,10 +152,10 @@ def main() -> int:
     print(machine(), flush=True)
     work = Path(tempfile.mkdtemp(prefix="pin-bench-"))
     started = time.monotonic()
-    bin_dir = cluster.build_kubernetes()
+    stack = cluster.build_stack()  # HOTMOUNT_K8S_VERSION, as the tier
     (work / "image").mkdir()
     image = build_agent_image(work / "image")
-    node = Node(work / "node", bin_dir, users=flows.PEOPLE).start()
+    node = Node(work / "node", stack, users=flows.PEOPLE).start()
     plugin = Plugin(node)
     release: flows.Release | None = None
     samples: dict[str, dict[str, list[float]]] = {

@@ -6,8 +6,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 SYSTEM_PACKAGES=(runc containerd busybox-static util-linux bpftool python3-venv)
 # The real-node tier (tests/k8s): etcd, CNI plugins, kube-proxy's iptables, gcc for the
-# fake libnvidia-ml; Kubernetes itself is built from Debian's source by the tier.
-SYSTEM_PACKAGES+=(etcd-server containernetworking-plugins iptables conntrack iproute2 gcc libc6-dev)
+# fake libnvidia-ml; Kubernetes itself is built from Debian's source by the tier
+# (HOTMOUNT_K8S_VERSION=1.37: from Go modules, runc with libseccomp-dev and pkg-config).
+SYSTEM_PACKAGES+=(etcd-server containernetworking-plugins iptables conntrack iproute2 gcc libc6-dev libseccomp-dev pkg-config)
 # The agent image without Docker (scripts/build-image.sh): a Debian rootfs by mmdebstrap.
 SYSTEM_PACKAGES+=(mmdebstrap)
 # Debian's kubectl, unless one is installed already (another kubectl owns the same path).

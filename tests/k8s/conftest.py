@@ -1,4 +1,7 @@
-"""The real-node tier: a single-node Kubernetes 1.20 started once for the tests here.
+"""The real-node tier: a single-node Kubernetes started once for the tests here.
+
+HOTMOUNT_K8S_VERSION picks the stack: 1.20 (the default: Debian's Kubernetes 1.20.2,
+etcd 3.4, containerd 1.6) or 1.37 (v1.37.2, etcd 3.6, containerd 2, from Go modules).
 
 Marked `k8s`; run alone with `.venv/bin/pytest tests/k8s`. It needs root (a kubelet,
 containerd, cgroups, veth, iptables): elsewhere it skips saying why, and under CI
@@ -28,6 +31,7 @@ from tests.support.image import build_agent_image
 
 WHY_NOT = cluster.missing_requirements()
 TIMINGS: dict[str, float] = {}
+KUBECTL_VERSION: list[str] = []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -49,6 +53,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if TIMINGS:
         parts = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in TIMINGS.items())
         terminalreporter.write_line(f"k8s tier: {parts}")
+    for line in KUBECTL_VERSION:
+        terminalreporter.write_line(f"k8s tier: kubectl version: {line}")
 
 
 FAILED_SETUP: dict[str, str] = {}
@@ -90,18 +96,19 @@ class _Timer:
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     tier_start = time.monotonic()
     with _Setup("the k8s node"):
-        with _Timer("kubernetes build (cached after the first)"):
-            bin_dir = cluster.build_kubernetes()
+        with _Timer(f"kubernetes {cluster.stack_version()} build (cached after the first)"):
+            stack = cluster.build_stack()
         with _Timer("agent image"):
             # the archive tests/deploy/test_image.py checked, if it ran first
             image = build_agent_image(tmp_path_factory.mktemp("image"))
         workdir = tmp_path_factory.mktemp("k8s-node")
         with _Timer("node up"):
-            started = Node(workdir, bin_dir, users=flows.PEOPLE).start()
+            started = Node(workdir, stack, users=flows.PEOPLE).start()
     try:
         with _Setup("the k8s node"), _Timer("image import"):
             started.import_image(image.archive)
         started.image = image  # type: ignore[attr-defined]
+        KUBECTL_VERSION[:] = started.kubectl("version", check=False).stdout.splitlines()
         yield started
     finally:
         with _Timer("teardown"):

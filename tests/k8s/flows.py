@@ -322,13 +322,17 @@ def events(node: Node, pod: str, reason: str, namespace: str = "default") -> lis
 
 
 def pod_resources() -> dict[tuple[str, str], tuple[str, ...]]:
-    """(namespace, pod) to the GPU UUIDs the kubelet assigned, from its PodResources socket."""
+    """(namespace, pod) to the GPU UUIDs the kubelet assigned, from its PodResources socket.
+
+    A 1.20 kubelet reports a container's GPUs in one entry, a 1.37 kubelet one entry per
+    device: they are joined (in the kubelet's order)."""
+    found: dict[tuple[str, str], tuple[str, ...]] = {}
     with PodResourcesClient("/var/lib/kubelet/pod-resources/kubelet.sock") as client:
-        return {
-            (a.pod_namespace, a.pod_name): a.device_ids
-            for a in client.list_allocations()
-            if a.resource_name == "nvidia.com/gpu"
-        }
+        for a in client.list_allocations():
+            if a.resource_name == "nvidia.com/gpu":
+                key = (a.pod_namespace, a.pod_name)
+                found[key] = found.get(key, ()) + a.device_ids
+    return found
 
 
 # ---- nvcli ---------------------------------------------------------------------

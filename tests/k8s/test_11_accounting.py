@@ -126,9 +126,11 @@ def test_a_namespace_quota_without_gpus_refuses_the_mount_with_exit_7_and_leaves
             "create", "quota", quota, "-n", namespace, f"--hard=requests.{flows.GPU_RESOURCE}=0"
         )
         # Admission refuses every pod ("status unknown") until the controller fills it in,
-        # and a pod needs the namespace's default ServiceAccount token.
+        # and a pod needs the namespace's default ServiceAccount (and its token, before 1.24).
         flows.wait_for("the quota is counted", lambda: _quota_counted(node, namespace, quota), 60)
-        flows.wait_for("the default ServiceAccount token", lambda: _token(node, namespace), 60)
+        flows.wait_for(
+            "the default ServiceAccount", lambda: node.service_account_ready(namespace), 60
+        )
         name = flows.new_name("tenant")
         with flows.running_pod(node, flows.quick_pod_manifest(name, namespace)) as pod:
             refused = flows.nvcli(
@@ -143,10 +145,6 @@ def test_a_namespace_quota_without_gpus_refuses_the_mount_with_exit_7_and_leaves
     finally:
         node.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s",
                      check=False, timeout=150)  # fmt: skip
-
-
-def _token(node: Node, namespace: str) -> bool:
-    return "default-token" in node.kubectl("get", "secrets", "-n", namespace, "-o", "name").stdout
 
 
 def _quota_counted(node: Node, namespace: str, quota: str) -> bool:

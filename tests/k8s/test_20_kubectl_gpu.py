@@ -27,7 +27,7 @@ def kubectl_gpu(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
     context = yaml.safe_load(Path(config).read_text())["current-context"]
     env = {**os.environ, "PATH": f"{PLUGIN_DIR}:{os.environ['PATH']}"}
     env.pop("KUBECONFIG", None)
-    command = ["kubectl", "gpu", *args, "--kubeconfig", str(config), "--context", context,
+    command = [node.stack.kubectl, "gpu", *args, "--kubeconfig", str(config), "--context", context,
                "-n", "default"]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=180,
                           check=False, stdin=subprocess.DEVNULL)  # fmt: skip

@@ -38,7 +38,7 @@ def restart_under_load(node: Node, release: flows.Release) -> None:
     with flows.running_pod(node, flows.pod_manifest(name)) as pod:
         flows.nvcli_ok(node, "alice", "mount", "--name", pod, "--mount", "0")
         loop = subprocess.Popen(
-            ["kubectl", "--kubeconfig", str(node.kubeconfigs["admin"]), "exec", pod, "--",
+            [node.stack.kubectl, "--kubeconfig", str(node.kubeconfigs["admin"]), "exec", pod, "--",
              "sh", "-c", LOOP],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip

@@ -1,4 +1,9 @@
-"""A real single-node Kubernetes 1.20 on this machine, started and torn down by the tests.
+"""A real single-node Kubernetes on this machine, started and torn down by the tests.
+
+Two stacks, chosen by HOTMOUNT_K8S_VERSION (`stack_version()`): 1.20 (the default) is
+Kubernetes 1.20.2 built from Debian's source with Debian's etcd 3.4, containerd 1.6
+and runc; 1.37 is Kubernetes v1.37.2, etcd 3.6 and containerd 2 with its own runc,
+all built from the Go modules under this directory by `build-go.sh`.
 
 etcd, kube-apiserver (RBAC, the Node authorizer, aggregation with a front proxy,
 ServiceAccount tokens that TokenReview accepts, static tokens for people),
@@ -33,6 +38,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -44,6 +50,10 @@ from tests.k8s.node import images
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-kubernetes.sh"
+GO_BUILD_SCRIPT = HERE / "build-go.sh"
+VERSION_ENV = "HOTMOUNT_K8S_VERSION"
+VERSIONS = ("1.20", "1.37")
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 NODE_NAME = "hotmount-node"
 NODE_IP = "10.251.0.1"
 PEER_IP = "10.251.0.2"
@@ -59,7 +69,9 @@ APISERVER_PORT = 6443
 ETCD_PORTS = (22379, 22380)
 PAUSE_IMAGE = "hotmount.test/pause:1"
 BUSYBOX_IMAGE = "hotmount.test/busybox:1"
-SYSTEM_TOOLS = ("etcd", "containerd", "ctr", "runc", "kubectl", "iptables", "ip", "busybox")
+SYSTEM_TOOLS = ("kubectl", "iptables", "ip", "busybox")
+# 1.20 runs Debian's etcd, containerd and runc; 1.37 builds its own (go, cgo for runc's seccomp)
+STACK_TOOLS = {"1.20": ("etcd", "containerd", "ctr", "runc"), "1.37": ("go", "gcc", "pkg-config")}
 CNI_BIN = Path("/usr/lib/cni")
 
 # oom_score_adj below 0 is refused here; the kubelet asks -998 for every sandbox.
@@ -86,7 +98,8 @@ def missing_requirements() -> str | None:
     """Why the node cannot run here, or None."""
     if os.geteuid() != 0:
         return "needs root (a kubelet, containerd, cgroups, veth, iptables)"
-    missing = [tool for tool in SYSTEM_TOOLS if shutil.which(tool) is None]
+    tools = (*SYSTEM_TOOLS, *STACK_TOOLS[stack_version()])
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if not (CNI_BIN / "bridge").exists():
         missing.append("containernetworking-plugins")
     if missing:
@@ -94,14 +107,78 @@ def missing_requirements() -> str | None:
     return None
 
 
-def build_kubernetes() -> Path:
-    """The cached Kubernetes 1.20.2 binaries (built from Debian's source once, ~6-10 min)."""
+@dataclass(frozen=True)
+class Stack:
+    """Which binaries the node runs: the Kubernetes minor version says which flags they take."""
+
+    minor: int
+    kubernetes: Path  # .../kubernetes-<release>/bin
+    etcd: str
+    containerd: str
+    ctr: str
+    runc: str
+    kubectl: str = "kubectl"  # the host's for 1.20; the stack's own, same release, for 1.37
+    # prepended to containerd's PATH: it starts the containerd-shim-runc-v2 it finds there
+    shim_dir: Path | None = None
+
+    @property
+    def release(self) -> str:
+        """The Kubernetes release the binaries report, as `kubectl version` shows it."""
+        return "v" + self.kubernetes.parent.name.removeprefix("kubernetes-")
+
+    @property
+    def containerd_release(self) -> str | None:
+        """containerd's version where this tier built it, else None (Debian's)."""
+        name = Path(self.containerd).parent.parent.name
+        return name.removeprefix("containerd-") if name.startswith("containerd-") else None
+
+    @property
+    def own_dirs(self) -> tuple[Path, ...]:
+        """Directories only this tier runs binaries from (leftover processes are found by
+        them): never Debian's etcd or containerd, which other tests may be running."""
+        if self.shim_dir is None:
+            return (self.kubernetes,)
+        return (self.kubernetes, Path(self.etcd).parent, self.shim_dir)
+
+
+def stack_version() -> str:
+    """The Kubernetes minor version the tier runs: HOTMOUNT_K8S_VERSION, 1.20 by default."""
+    version = os.environ.get(VERSION_ENV, "").strip() or VERSIONS[0]
+    if version not in VERSIONS:
+        raise ValueError(f"{VERSION_ENV}={version!r}: one of {', '.join(VERSIONS)}")
+    return version
+
+
+def _build(script: Path) -> str:
     result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False, timeout=3000
+        ["bash", str(script)], capture_output=True, text=True, check=False, timeout=3600
     )
     if result.returncode != 0:
-        raise RuntimeError(f"build-kubernetes.sh failed:\n{result.stderr[-6000:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{script.name} failed:\n{result.stderr[-6000:]}")
+    return result.stdout
+
+
+def build_kubernetes() -> Path:
+    """The cached Kubernetes 1.20.2 binaries (built from Debian's source once, ~6-10 min)."""
+    return Path(_build(BUILD_SCRIPT).strip().splitlines()[-1])
+
+
+def build_stack(version: str | None = None) -> Stack:
+    """The binaries of the chosen stack, built once and cached (see build-go.sh for 1.37)."""
+    version = version or stack_version()
+    if version == "1.20":
+        return Stack(
+            minor=20, kubernetes=build_kubernetes(), etcd="etcd", containerd="containerd",
+            ctr="ctr", runc=shutil.which("runc") or "runc",
+        )  # fmt: skip
+    dirs = dict(line.split("=", 1) for line in _build(GO_BUILD_SCRIPT).splitlines() if "=" in line)
+    kubernetes, containerd = Path(dirs["kubernetes"]), Path(dirs["containerd"])
+    return Stack(
+        minor=int(version.split(".")[1]), kubernetes=kubernetes,
+        etcd=str(Path(dirs["etcd"]) / "etcd"), containerd=str(containerd / "containerd"),
+        ctr=str(containerd / "ctr"), runc=str(containerd / "runc"),
+        kubectl=str(kubernetes / "kubectl"), shim_dir=containerd,
+    )  # fmt: skip
 
 
 def run(*command: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -141,11 +218,12 @@ class Node:
     def __init__(
         self,
         workdir: Path,
-        bin_dir: Path,
+        stack: Stack,
         users: Mapping[str, Sequence[str]] = {},
     ) -> None:
         self.workdir = workdir
-        self.bin_dir = bin_dir
+        self.stack = stack
+        self.bin_dir = stack.kubernetes
         self.people = dict(users)
         self.server = f"https://{NODE_IP}:{APISERVER_PORT}"
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -186,7 +264,7 @@ class Node:
         self, *args: str, user: str = "admin", check: bool = True, timeout: float = 120,
         stdin: str | None = None,
     ) -> subprocess.CompletedProcess[str]:  # fmt: skip
-        command = ["kubectl", "--kubeconfig", str(self.kubeconfigs[user]), *args]
+        command = [self.stack.kubectl, "--kubeconfig", str(self.kubeconfigs[user]), *args]
         result = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, check=False, input=stdin,
             stdin=None if stdin is not None else subprocess.DEVNULL,
@@ -195,13 +273,23 @@ class Node:
             raise RuntimeError(f"{shlex.join(command)}: {result.stderr.strip()}")
         return result
 
+    def service_account_ready(self, namespace: str) -> bool:
+        """Whether pods can be made in `namespace`: before 1.24 the tokens controller has to
+        mint the default ServiceAccount's token Secret; since, tokens are projected per pod
+        and the ServiceAccount itself is enough."""
+        if self.stack.minor < 24:
+            found = self.kubectl("get", "secrets", "-n", namespace, "-o", "name", check=False)
+            return "default-token" in found.stdout
+        found = self.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False)
+        return found.returncode == 0
+
     def apply(self, manifest: object, user: str = "admin") -> None:
         documents = manifest if isinstance(manifest, list) else [manifest]
         self.kubectl("apply", "-f", "-", user=user, stdin=yaml.safe_dump_all(documents))
 
     def ctr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return run(
-            "ctr", "--address", str(self.containerd_socket), "-n", "k8s.io", *args,
+            self.stack.ctr, "--address", str(self.containerd_socket), "-n", "k8s.io", *args,
             timeout=timeout,
         )  # fmt: skip
 
@@ -220,7 +308,7 @@ class Node:
     def _claim_machine(self) -> None:
         if run("ss", "-Hltn", "sport = :10250", check=False).stdout.strip():
             raise RuntimeError("port 10250 is taken: another kubelet runs on this machine")
-        _clear_leftovers(self.bin_dir)
+        _clear_leftovers(self.stack.own_dirs)
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         # The veth pair: the node IP on one end, since the kubelet refuses loopback.
         run("ip", "link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
@@ -326,7 +414,7 @@ class Node:
         self._on_stop(lambda: shutil.rmtree(data, ignore_errors=True))
         client, peer = (f"http://127.0.0.1:{port}" for port in ETCD_PORTS)
         self._spawn("etcd", [
-            "etcd", "--name", "node", "--data-dir", str(data),
+            self.stack.etcd, "--name", "node", "--data-dir", str(data),
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"node={peer}",
@@ -339,7 +427,8 @@ class Node:
             self._binary("kube-apiserver"),
             f"--etcd-servers={self.etcd_url}",
             f"--advertise-address={NODE_IP}", f"--secure-port={APISERVER_PORT}",
-            "--insecure-port=0", "--allow-privileged=true",
+            *(["--insecure-port=0"] if self.stack.minor < 24 else []),
+            "--allow-privileged=true",
             f"--tls-cert-file={self.apiserver_cert.cert}",
             f"--tls-private-key-file={self.apiserver_cert.key}",
             f"--client-ca-file={self.ca.cert_path}",
@@ -372,7 +461,7 @@ class Node:
         root = self.workdir / "containerd"
         root.mkdir(parents=True, exist_ok=True)
         wrapper = root / "runc-wrapper"
-        wrapper.write_text(RUNC_WRAPPER % {"runc": shutil.which("runc")})
+        wrapper.write_text(RUNC_WRAPPER % {"runc": self.stack.runc})
         wrapper.chmod(0o755)
         cni_conf = self.workdir / "cni" / "net.d"
         cni_conf.mkdir(parents=True, exist_ok=True)
@@ -401,7 +490,8 @@ class Node:
         )
         config = root / "config.toml"
         config.write_text(
-            f"""\
+            self._containerd_v3_config(root, wrapper, cni_conf)
+            if self.stack.minor >= 36 else f"""\
 version = 2
 root = "{root / "root"}"
 state = "{root / "state"}"
@@ -428,14 +518,18 @@ disabled_plugins = [
     bin_dir = "{CNI_BIN}"
     conf_dir = "{cni_conf}"
 """
-        )
+        )  # fmt: skip
         # Last of all (after containerd has ended): its snapshots are the images, ~200 MB.
         self._on_stop(lambda: _unmount_under(root, remove=True))
-        self._spawn("containerd", ["containerd", "--config", str(config)])
+        shim_path = {"PATH": f"{self.stack.shim_dir}:{os.environ.get('PATH', '')}"}
+        self._spawn(
+            "containerd", [self.stack.containerd, "--config", str(config)],
+            env=shim_path if self.stack.shim_dir else None,
+        )  # fmt: skip
         self._on_stop(lambda: _unmount_under(root, remove=False))
         self._on_stop(self._remove_containers)
         self._wait("containerd", lambda: self.containerd_socket.exists() and run(
-            "ctr", "--address", str(self.containerd_socket), "version", check=False
+            self.stack.ctr, "--address", str(self.containerd_socket), "version", check=False
         ).returncode == 0, 60)  # fmt: skip
         archives = self.workdir / "images"
         archives.mkdir(exist_ok=True)
@@ -444,9 +538,46 @@ disabled_plugins = [
             name = ref.replace("/", "_").replace(":", "_")
             self.import_image(images.write_busybox_image(archives / f"{name}.tar", ref, command))
 
+    def _containerd_v3_config(self, root: Path, wrapper: Path, cni_conf: Path) -> str:
+        """containerd 2's config (version 3): the CRI plugin split into images and runtime,
+        CDI on with the usual spec directories, NRI off (its socket is machine-wide)."""
+        runtime = 'plugins."io.containerd.cri.v1.runtime"'
+        return f"""\
+version = 3
+root = "{root / "root"}"
+state = "{root / "state"}"
+disabled_plugins = [
+  "io.containerd.internal.v1.opt",
+  "io.containerd.nri.v1.nri",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+]
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{self.containerd_socket}.ttrpc"
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "{PAUSE_IMAGE}"
+[{runtime}]
+  enable_cdi = true
+  cdi_spec_dirs = {json.dumps(list(CDI_DIRS))}
+[{runtime}.containerd]
+  default_runtime_name = "runc"
+[{runtime}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{runtime}.containerd.runtimes.runc.options]
+  BinaryName = "{wrapper}"
+  Root = "{root / "runc"}"
+  SystemdCgroup = false
+[{runtime}.cni]
+  bin_dirs = ["{CNI_BIN}"]
+  conf_dir = "{cni_conf}"
+"""
+
     def _remove_containers(self) -> None:
         """Whatever the kubelet left: tasks killed and deleted, then the containers."""
-        address = ["ctr", "--address", str(self.containerd_socket), "-n", "k8s.io"]
+        address = [self.stack.ctr, "--address", str(self.containerd_socket), "-n", "k8s.io"]
         listing = run(*address, "task", "ls", check=False, timeout=30).stdout.splitlines()[1:]
         for line in listing:
             task = line.split()[0]
@@ -487,18 +618,30 @@ disabled_plugins = [
                     "imageGCHighThresholdPercent": 100,
                     "imageGCLowThresholdPercent": 99,
                     "serializeImagePulls": False,
+                    **self._kubelet_config_since_1_20(),
                 }
             )
         )
+        endpoint = f"unix://{self.containerd_socket}"
         self._spawn("kubelet", [
             self._binary("kubelet"), f"--config={config}",
             f"--kubeconfig={self.kubeconfigs['node']}",
-            "--container-runtime=remote",
-            f"--container-runtime-endpoint=unix://{self.containerd_socket}",
+            *(["--container-runtime=remote", f"--container-runtime-endpoint={endpoint}"]
+              if self.stack.minor < 27 else []),
             f"--node-ip={NODE_IP}", f"--hostname-override={NODE_NAME}",
             "--node-labels=nvidia.com/gpu.present=true",
             "--v=1",
         ])  # fmt: skip
+
+    def _kubelet_config_since_1_20(self) -> dict[str, object]:
+        """What a current kubelet wants in its config file rather than in flags."""
+        if self.stack.minor < 27:
+            return {}
+        return {
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            # This host is hybrid (v1 controllers): 1.35+ refuses cgroup v1 without this.
+            "failCgroupV1": False,
+        }
 
     def _start_control_loops(self) -> None:
         self._spawn("kube-controller-manager", [
@@ -507,13 +650,15 @@ disabled_plugins = [
             f"--service-account-private-key-file={self.sa_key}",
             f"--root-ca-file={self.ca.cert_path}",
             "--use-service-account-credentials=true",
-            "--leader-elect=false", "--port=0", "--secure-port=0",
-            "--controllers=*,-csrsigning,-csrapproving,-nodeipam,-cloud-node-lifecycle",
+            "--leader-elect=false", *self._no_serving_ports(),
+            # cloud-node-lifecycle lives in the cloud-controller-manager now; naming it fails
+            "--controllers=*,-csrsigning,-csrapproving,-nodeipam"
+            + (",-cloud-node-lifecycle" if self.stack.minor < 24 else ""),
         ])  # fmt: skip
         self._spawn("kube-scheduler", [
             self._binary("kube-scheduler"),
             f"--kubeconfig={self.kubeconfigs['scheduler']}",
-            "--leader-elect=false", "--port=0", "--secure-port=0",
+            "--leader-elect=false", *self._no_serving_ports(),
         ])  # fmt: skip
         self._spawn("kube-proxy", [
             self._binary("kube-proxy"),
@@ -527,14 +672,16 @@ disabled_plugins = [
         ])  # fmt: skip
         self._on_stop(lambda: run(self._binary("kube-proxy"), "--cleanup", check=False))
 
+    def _no_serving_ports(self) -> list[str]:
+        """No health/metrics ports (--port went in 1.24; --secure-port=0 still turns HTTPS off)."""
+        return ["--port=0", "--secure-port=0"] if self.stack.minor < 24 else ["--secure-port=0"]
+
     def _wait_ready(self) -> None:
         self._wait("node Ready", lambda: self.kubectl(
             "wait", "--for=condition=Ready", f"node/{NODE_NAME}", "--timeout=5s",
             check=False, timeout=30,
         ).returncode == 0, 180)  # fmt: skip
-        # The tokens controller has to mint the default ServiceAccount's token before pods run.
-        self._wait("default ServiceAccount token", lambda: "default-token" in self.kubectl(
-            "get", "secrets", "-n", "default", "-o", "name", check=False).stdout, 120)  # fmt: skip
+        self._wait("default ServiceAccount", lambda: self.service_account_ready("default"), 120)
 
     def _wait(self, what: str, ready: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -562,11 +709,11 @@ disabled_plugins = [
                      "--wait=true", "--timeout=60s", check=False, timeout=90)  # fmt: skip
 
 
-def _clear_leftovers(bin_dir: Path) -> None:
+def _clear_leftovers(own_dirs: Iterable[Path]) -> None:
     """What an earlier run killed before its teardown left behind (CI runs again on the
     same machine): its processes, the kubelet's directory, cgroups, links and rules.
     Called only when no kubelet listens, so nothing here belongs to a live node."""
-    markers = (str(bin_dir) + "/", "/dev/shm/hotmount-k8s-etcd-", "/k8s-node")
+    markers = (*(f"{d}/" for d in own_dirs), "/dev/shm/hotmount-k8s-etcd-", "/k8s-node")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
