@@ -15,7 +15,7 @@ from agent.node.accounting import Accounting
 from agent.node.idle_reclaim import IdleReclaim
 from agent.node.kubelet import KubeletBooks, KubeletHold
 from agent.node.pins import pin_of
-from agent.node.results import hot_holder, pod_of, require_kube
+from agent.node.results import POD_UID, hot_holder, pod_of, require_kube
 from agent.node.targets import Targets
 from agent.schemas import (
     ContainerDevices,
@@ -125,10 +125,14 @@ class Listing:
         hot: dict[str, list[Claim]] | None = None
         kubelet: list[KubeletHold] | None = None
         for record in self.engine.ledger.records():
+            # By UID too: a pod deleted and made again under its name is another pod, and
+            # its predecessor's records stay until the next reconcile drops them.
             devices = [
                 d
                 for d in record.devices.values()
-                if d.metadata.get("namespace") == namespace and d.metadata.get("pod") == pod
+                if d.metadata.get("namespace") == namespace
+                and d.metadata.get("pod") == pod
+                and d.metadata.get(POD_UID, info.uid) == info.uid
             ]
             if devices:
                 hot = hot if hot is not None else self.engine.holders()
