@@ -1,7 +1,7 @@
 """The real-node tier: a single-node Kubernetes started once for the tests here.
 
-HOTMOUNT_K8S_VERSION picks the stack: 1.20 (the default: Debian's Kubernetes 1.20.2,
-etcd 3.4, containerd 1.6) or 1.37 (v1.37.2, etcd 3.6, containerd 2, from Go modules).
+HOTMOUNT_K8S_VERSION picks the stack: 1.37 (the default: v1.37.2, etcd 3.6, containerd 2,
+from Go modules) or 1.20 (Debian's Kubernetes 1.20.2, etcd 3.4, containerd 1.6).
 
 Marked `k8s`; run alone with `.venv/bin/pytest tests/k8s`. It needs root (a kubelet,
 containerd, cgroups, veth, iptables): elsewhere it skips saying why, and under CI

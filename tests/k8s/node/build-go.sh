@@ -8,6 +8,9 @@
 #   usage: build-go.sh      prints three lines: kubernetes=DIR etcd=DIR containerd=DIR
 # Environment: HOTMOUNT_K8S_CACHE (default /var/cache/gpu-hotmount).
 set -euo pipefail
+# Go 1.26+ (k/k's go.mod says `go 1.26.0`, and GOTOOLCHAIN=local fetches none): the
+# machine's /usr/local/go before Debian's older golang-go that the 1.20 build installs.
+if [ -x /usr/local/go/bin/go ]; then export PATH="/usr/local/go/bin:$PATH"; fi
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${HOTMOUNT_K8S_CACHE:-/var/cache/gpu-hotmount}"
 export GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOFLAGS=-mod=readonly GOTOOLCHAIN=local

@@ -1,9 +1,9 @@
 """A real single-node Kubernetes on this machine, started and torn down by the tests.
 
-Two stacks, chosen by HOTMOUNT_K8S_VERSION (`stack_version()`): 1.20 (the default) is
-Kubernetes 1.20.2 built from Debian's source with Debian's etcd 3.4, containerd 1.6
-and runc; 1.37 is Kubernetes v1.37.2, etcd 3.6 and containerd 2 with its own runc,
-all built from the Go modules under this directory by `build-go.sh`.
+Two stacks, chosen by HOTMOUNT_K8S_VERSION (`stack_version()`): 1.37 (the default) is
+Kubernetes v1.37.2, etcd 3.6 and containerd 2 with its own runc, all built from the Go
+modules under this directory by `build-go.sh`; 1.20 is Kubernetes 1.20.2 built from
+Debian's source with Debian's etcd 3.4, containerd 1.6 and runc.
 
 etcd, kube-apiserver (RBAC, the Node authorizer, aggregation with a front proxy,
 ServiceAccount tokens that TokenReview accepts, static tokens for people),
@@ -52,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-kubernetes.sh"
 GO_BUILD_SCRIPT = HERE / "build-go.sh"
 VERSION_ENV = "HOTMOUNT_K8S_VERSION"
-VERSIONS = ("1.20", "1.37")
+VERSIONS = ("1.37", "1.20")  # the first is the default
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 NODE_NAME = "hotmount-node"
 NODE_IP = "10.251.0.1"
@@ -142,7 +142,7 @@ class Stack:
 
 
 def stack_version() -> str:
-    """The Kubernetes minor version the tier runs: HOTMOUNT_K8S_VERSION, 1.20 by default."""
+    """The Kubernetes minor version the tier runs: HOTMOUNT_K8S_VERSION, 1.37 by default."""
     version = os.environ.get(VERSION_ENV, "").strip() or VERSIONS[0]
     if version not in VERSIONS:
         raise ValueError(f"{VERSION_ENV}={version!r}: one of {', '.join(VERSIONS)}")

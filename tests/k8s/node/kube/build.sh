@@ -6,6 +6,9 @@
 #   usage: build.sh        prints the binaries' directory on stdout
 # Environment: HOTMOUNT_K8S_CACHE (default /var/cache/gpu-hotmount).
 set -euo pipefail
+# Go 1.26+ (k/k's go.mod says `go 1.26.0`, and GOTOOLCHAIN=local fetches none): the
+# machine's /usr/local/go before Debian's older golang-go that the 1.20 build installs.
+if [ -x /usr/local/go/bin/go ]; then export PATH="/usr/local/go/bin:$PATH"; fi
 cd "$(dirname "$0")"
 version="$(sed -n 's/^\tk8s.io\/kubernetes \(v[0-9.]*\).*/\1/p' go.mod)"
 cache="${HOTMOUNT_K8S_CACHE:-/var/cache/gpu-hotmount}"
