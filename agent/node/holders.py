@@ -272,9 +272,11 @@ class HolderPods:
         } | {holder for _, holder in named_holders(self.engine.ledger.intents())}
 
     def release(self, namespace: str, before: set[str], wait: bool = True) -> list[str]:
-        """Delete the holder pods none of whose devices is still mounted anywhere; `wait`
-        until they are gone, so that the kubelet has the GPUs free again on return."""
-        gone = sorted(before - self.named_anywhere())
+        """Delete the holder pods none of whose devices is still mounted anywhere, and
+        that no mount or move in progress holds; `wait` until they are gone, so that the
+        kubelet has the GPUs free again on return."""
+        named = self._named_or_in_flight()
+        gone = sorted(h for h in before if (namespace, h) not in named)
         if self.kube is None or not gone:
             return []
         for pod in gone:
@@ -292,6 +294,24 @@ class HolderPods:
     def _in_flight_now(self) -> set[tuple[str, str]]:
         with self._in_flight_guard:
             return set(self._in_flight)
+
+    def _named_with_namespace(self) -> set[tuple[str, str]]:
+        """(namespace, holder) of every holder and pin a mount or an intent names."""
+        return {
+            (d.metadata.get("namespace") or "", h)
+            for record in self.engine.ledger.records()
+            for d in record.devices.values()
+            if (h := d.metadata.get("holder"))
+        } | named_holders(self.engine.ledger.intents())
+
+    def _named_or_in_flight(self) -> set[tuple[str, str]]:
+        """(namespace, holder) of the holders the ledger names or that are in flight, the
+        set read both before and after the ledger: a mount leaves it only once the ledger
+        names its holders, and a move enters it before its unmount stops naming its pin
+        (agent/node/moves.py), so neither is ever in the gap between the two reads."""
+        before = self._in_flight_now()
+        named = self._named_with_namespace()
+        return before | named | self._in_flight_now()
 
     def take_back_unheld(self) -> list[str]:
         """Unmount GPUs mounted by count whose holder pod is gone or finished.
@@ -381,9 +401,10 @@ class HolderPods:
         kubelet's books while the container still has it. Others are deleted once
         they have looked orphaned for `holder_orphan_grace` seconds, so that a mount in
         progress in another agent process (a rolling update) is never hit; this
-        process's own mounts in progress are skipped outright. Order matters: holders
-        are listed first, then the in-flight set is read, then the ledger, so a mount
-        that finishes in between is seen in the one or the other.
+        process's own mounts and moves in progress are skipped outright. Order matters:
+        holders are listed first, then the ledger is read between two reads of the
+        in-flight set, so a mount that finishes, or a move that starts, in between is
+        seen in the one or the other.
         """
         node = self.settings.node_name
         if self.kube is None or not node:
@@ -393,20 +414,14 @@ class HolderPods:
         except ApiError as exc:
             log.warning("cannot list holder pods: %s", exc.message)
             return []
-        in_flight = self._in_flight_now()
-        accounted = {
-            (d.metadata.get("namespace"), d.metadata.get("holder"))
-            for record in self.engine.ledger.records()
-            for d in record.devices.values()
-            if d.metadata.get("holder")
-        } | named_holders(self.engine.ledger.intents())
+        accounted = self._named_or_in_flight()
         now = time.monotonic()
         seen: dict[tuple[str, str], float] = {}
         deleted = []
         for holder in listed:
             key = (holder.namespace, holder.name)
             target = holder.labels.get(HOLDER_LABEL)
-            if key in in_flight or key in accounted:
+            if key in accounted:
                 continue
             first = self._orphans_seen.get(key, now)
             if now - first < self.settings.holder_orphan_grace:

@@ -95,29 +95,36 @@ class Moves:
                     "unmount it from the others first",
                     {"pin": pin},
                 )
-            unmounted = self.mounting.unmount_pod(
-                request.from_.namespace,
-                request.from_.pod,
-                [device.key],
-                container=source.name,
-                force=request.force,
-                user=user,
-                keep_holders=pin is not None,
-            )
-            try:
-                if pin is not None:  # the pin follows: the GPU never looks free to the kubelet
-                    self._hand_over(pin, source_meta.get("holderUid", ""), source_pod, target_pod)
-                mounted = self.mounting.mount_pod(
-                    request.to.namespace,
-                    request.to.pod,
-                    MountRequest(container=target.name, devices=[device.key], force=request.force),
-                    user,
+            # Between the unmount and the mount (or the rollback) no ledger record names
+            # the pin: in flight, reconcile neither releases it nor takes it for an orphan.
+            moving = [pin] if pin is not None else []
+            with self.mounting.holders.in_flight(source_pod.namespace, moving):
+                unmounted = self.mounting.unmount_pod(
+                    request.from_.namespace,
+                    request.from_.pod,
+                    [device.key],
+                    container=source.name,
+                    force=request.force,
+                    user=user,
+                    keep_holders=pin is not None,
                 )
-            except Exception as exc:
-                if pin is not None:
-                    self._hand_back(pin, source_pod)
-                self._roll_back(source.container_id, device, source_entry, request.force, exc)
-                raise
+                try:
+                    if pin is not None:  # the pin follows: the GPU never looks free
+                        uid = source_meta.get("holderUid", "")
+                        self._hand_over(pin, uid, source_pod, target_pod)
+                    mounted = self.mounting.mount_pod(
+                        request.to.namespace,
+                        request.to.pod,
+                        MountRequest(
+                            container=target.name, devices=[device.key], force=request.force
+                        ),
+                        user,
+                    )
+                except Exception as exc:
+                    if pin is not None:
+                        self._hand_back(pin, source_pod)
+                    self._roll_back(source.container_id, device, source_entry, request.force, exc)
+                    raise
             for pod in (source_pod, target_pod):
                 record_event(
                     self.kube,

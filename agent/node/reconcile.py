@@ -106,5 +106,8 @@ class ReconcilePass:
                 released = self.holders.release(namespace, holders, wait=False)
                 if released:
                     self.metrics.orphan_holders.inc(len(released))
+                    log.info(
+                        "deleted holder pods %s in %s: nothing names them", released, namespace
+                    )
             except ApiError as exc:
                 log.warning("cannot release holder pods in %s: %s", namespace, exc.message)

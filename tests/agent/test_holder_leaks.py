@@ -215,3 +215,102 @@ def test_a_mount_in_progress_is_never_taken_for_an_orphan(cluster: Cluster) -> N
     [device] = body["mounted"]
     minor = next(g.minor for g in GPUS if g.uuid == device["key"])
     assert container.open_result(f"/dev/nvidia{minor}") == "ENXIO"
+
+
+MOVE_GPU0_FROM_A_TO_B = {
+    "device": "0",
+    "from": {"namespace": "default", "pod": "a"},
+    "to": {"namespace": "default", "pod": "b"},
+}
+
+
+def start_move(agent: AgentProcess, moved: list[httpx.Response]) -> threading.Thread:
+    """POST the move of GPU 0 from a to b in a thread; its response lands in `moved`."""
+
+    def move() -> None:
+        with agent.client(ALICE) as api:
+            moved.append(api.post("/v1/reassign", json=MOVE_GPU0_FROM_A_TO_B))
+
+    request = threading.Thread(target=move)
+    request.start()
+    return request
+
+
+def assert_moved_with_its_pin(
+    cluster: Cluster, moved: list[httpx.Response], pin: str, a: RuncContainer, b: RuncContainer
+) -> None:
+    [response] = moved
+    assert response.status_code == 200, response.text
+    assert cluster.kube.pod("default", pin) is not None
+    assert cluster.kube.pod("default", pin)["metadata"]["labels"]["hotmount.io/holder-for"] == "b"
+    node = f"/dev/nvidia{GPUS[0].minor}"
+    assert a.open_result(node) == "ENOENT"
+    assert b.open_result(node) == "ENXIO"
+    assert GPUS[0].uuid not in cluster.kube.free_devices("node-a")
+
+
+def mount_by_name(agent: AgentProcess, pod: str, device: str) -> str:
+    """Mount `device` into `pod` by name; its pin's name."""
+    with agent.client(ALICE) as api:
+        done = api.post(f"/v1/namespaces/default/pods/{pod}/devices", json={"devices": [device]})
+    assert done.status_code == 200, done.text
+    [mounted] = done.json()["mounted"]
+    assert mounted["pin"], done.text
+    return mounted["pin"]
+
+
+def test_a_pin_being_moved_is_never_taken_for_an_orphan(cluster: Cluster) -> None:
+    """A reassign unmounts at the source, hands the pin over, then mounts at the target:
+    in between no ledger record names the pin. Reconcile passes that run then (here made
+    to, by holding the hand-over's PATCH) must leave it alone, or the move fails with
+    the pin gone (rolled back) and the GPU leaves the scheduler's books."""
+    a, b = cluster.pod("a"), cluster.pod("b")
+    agent = cluster.agent(extra=COLLECT_AT_ONCE)
+    pin = mount_by_name(agent, "a", "0")
+    hand_over = cluster.kube.stall(verb="patch", resource="pods")
+    moved: list[httpx.Response] = []
+    request = start_move(agent, moved)
+    try:
+        assert hand_over.wait_arrived(1), "the move never reached its hand-over"
+        after_two_reconciles(agent)  # with the source unmounted and the pin named nowhere
+        assert cluster.kube.pod("default", pin) is not None
+    finally:
+        hand_over.release()
+        request.join()
+    assert_moved_with_its_pin(cluster, moved, pin, a, b)
+    after_two_reconciles(agent)
+    assert sorted(holders(cluster)) == [pin]
+
+
+def test_a_pass_that_began_before_a_move_leaves_its_pin(cluster: Cluster) -> None:
+    """The flake a loaded machine found (default orphan grace): a reconcile pass notes
+    the pins the ledger names, then deletes those named nowhere once the engine's
+    reconcile is done, a sweep meant for the pins of dead containers. A move whose
+    unmount lands in between had its pin deleted under it (404 PodNotFound on the hand-
+    over, or "the pin is gone"). Here the pass is held in between, by a dead container's
+    kept mount whose pod it looks up, while the move unmounts."""
+    a, b, c = cluster.pod("a"), cluster.pod("b"), cluster.pod("c")
+    agent = cluster.agent()
+    pin = mount_by_name(agent, "a", "0")
+    other_pin = mount_by_name(agent, "c", "1")
+    # c's container dies and is not restarted yet: each pass looks up pod c for it.
+    looking_up_c = cluster.kube.stall(verb="get", resource="pods", name="c")
+    hand_over = cluster.kube.stall(verb="patch", resource="pods")
+    c.stop()
+    cluster.containers.remove(c)
+    moved: list[httpx.Response] = []
+    request = None
+    try:
+        assert looking_up_c.wait_arrived(1), "no pass kept c's mount for its successor"
+        request = start_move(agent, moved)  # the pass is between its note and its sweep
+        assert hand_over.wait_arrived(1), "the move never reached its hand-over"
+        looking_up_c.release()
+        after_two_reconciles(agent)
+        assert cluster.kube.pod("default", pin) is not None
+    finally:
+        looking_up_c.release()
+        hand_over.release()
+        if request is not None:
+            request.join()
+    assert_moved_with_its_pin(cluster, moved, pin, a, b)
+    assert sorted(holders(cluster)) == sorted([pin, other_pin])  # c's waits for its successor

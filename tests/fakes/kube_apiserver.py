@@ -232,14 +232,16 @@ class FrontProxy:
 
 
 class Stall:
-    """Requests matching (verb, api_group, resource) wait unanswered until `release()`.
+    """Requests matching (verb, api_group, resource, name) wait unanswered until `release()`.
 
     ``arrived`` counts them; ``wait_arrived(n)`` lets a test know that ``n`` callers are
     now stuck, without sleeping.
     """
 
-    def __init__(self, verb: str = "*", api_group: str = "", resource: str = "*") -> None:
-        self.verb, self.api_group, self.resource = verb, api_group, resource
+    def __init__(
+        self, verb: str = "*", api_group: str = "", resource: str = "*", name: str = "*"
+    ) -> None:
+        self.verb, self.api_group, self.resource, self.name = verb, api_group, resource, name
         self.arrived = 0
         self._released = False
         self._cond = threading.Condition()
@@ -250,6 +252,7 @@ class Stall:
             and self.verb in ("*", req.verb)
             and self.api_group in ("*", req.api_group)
             and self.resource in ("*", req.resource)
+            and self.name in ("*", req.name)
         )
 
     def hold(self) -> None:
@@ -662,9 +665,11 @@ class FakeKubeApiServer:
         with self._lock:
             self._tokens[token] = info
 
-    def stall(self, verb: str = "*", api_group: str = "", resource: str = "*") -> Stall:
+    def stall(
+        self, verb: str = "*", api_group: str = "", resource: str = "*", name: str = "*"
+    ) -> Stall:
         """From now on, hold matching requests unanswered until the Stall is released."""
-        stall = Stall(verb, api_group, resource)
+        stall = Stall(verb, api_group, resource, name)
         with self._lock:
             self._stalls.append(stall)
         return stall
