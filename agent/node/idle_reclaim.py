@@ -306,8 +306,11 @@ class IdleReclaim:
                 exc.message,
             )
             return False
-        except HotmountError as exc:
-            log.warning("cannot reclaim %s from %s: %s", entry.key, ref, exc.message)
+        except (HotmountError, OSError) as exc:
+            # An OSError too (a read-only /dev in the container): one reclaim that fails
+            # must not fail the whole pass, and it is counted for the alert.
+            why = exc.message if isinstance(exc, HotmountError) else str(exc)
+            log.warning("cannot reclaim %s from %s: %s", entry.key, ref, why)
             self.metrics.reclaim_failures.labels("error").inc()
             return False
         self._idle.forget(key)

@@ -7,6 +7,7 @@ families added for them count what they say. Real agent, fake API server."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from scripts.monitoring_files import DASHBOARD, RULES
 from tests.agent.conftest import ALICE, METRICS, Cluster
 from tests.agent.test_accounting import GPU0, given, gpu_pod, mount, unmount
+from tests.agent.test_idle_reclaim import HUNG, counter, mount_fuse_gpu
+from tests.agent.test_idle_reclaim import samples as samples_of
 from tests.support.agent import AgentProcess
 from tests.support.promql import exported_names, metric_names, unexported
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 # Series Prometheus makes itself for each scrape target: no agent exports them.
@@ -105,3 +109,26 @@ def test_node_gpus_counts_an_unpinned_hot_mount(cluster: Cluster) -> None:
     agent = cluster.agent()
     assert mount(agent, "nb", devices=["0"]).status_code == 200
     assert node_gpus(agent) == {"free": 1, "allocated": 0, "hot_mounted": 1, "pinned": 0}
+
+
+def test_a_reclaim_whose_unmount_fails_is_counted(cluster: Cluster) -> None:
+    """The container's /dev turned read-only under the agent: the idle GPU's node cannot
+    be removed, so the reclaim's unmount fails. It is logged and counted in
+    hotmount_gpu_reclaim_failures_total{reason="error"} (what HotmountIdleReclaimFailing
+    alerts on), never as reclaimed nor as skipped."""
+    container = cluster.pod("nb")
+    agent = cluster.agent()
+    with agent.client(ALICE) as api:
+        mount_fuse_gpu(api, "1s")
+    enter = ["nsenter", "-t", str(container.pid), "-m", "-p"]
+    subprocess.run([*enter, "/bin/busybox", "mount", "-o", "remount,ro", "/dev"], check=True)
+    wait_for(lambda: reclaim_failures(agent, "error") >= 1, "a failed reclaim", timeout=HUNG)
+    assert "cannot reclaim" in agent.log.read_text()
+    assert "Read-only file system" in agent.log.read_text()
+    assert counter(agent, "hotmount_gpus_reclaimed_total") == 0
+    assert reclaim_failures(agent, "skipped") == 0
+
+
+def reclaim_failures(agent: AgentProcess, reason: str) -> float:
+    found = samples_of(agent, "hotmount_gpu_reclaim_failures_total")
+    return sum(value for labels, value in found if labels.get("reason") == reason)

@@ -14,10 +14,10 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-KEYWORDS = frozenset(
-    "by without on ignoring group_left group_right bool and or unless offset atan2 inf nan"
-    .split()
-)  # fmt: skip
+KEYWORDS = frozenset({
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool",
+    "and", "or", "unless", "offset", "atan2", "inf", "nan",
+})  # fmt: skip
 _STRINGS = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
 _MATCHERS = re.compile(r"\{[^{}]*\}")
 _RANGES = re.compile(r"\[[^\[\]]*\]")

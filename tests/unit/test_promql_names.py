@@ -12,10 +12,10 @@ CASES = [
         "timestamp(a_seconds{job=\"x\"}) - a_seconds{job='x'} > 30",
         {"a_seconds"},
     ),
-    ("increase(b_total{job=\"x\",kind=~\"a|b\"}[30m]) >= 3", {"b_total"}),
+    ('increase(b_total{job="x",kind=~"a|b"}[30m]) >= 3', {"b_total"}),
     (
         "histogram_quantile(0.99, sum by (le, operation) "
-        "(rate(c_seconds_bucket{node=~\"$node\"}[$__rate_interval])))",
+        '(rate(c_seconds_bucket{node=~"$node"}[$__rate_interval])))',
         {"c_seconds_bucket"},
     ),
     ('d{state="reviewing"} >= ignoring(state) group_left(pod) e_limit', {"d", "e_limit"}),
