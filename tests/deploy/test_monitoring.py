@@ -311,3 +311,8 @@ def test_every_alert_has_a_unit_test_that_fires_and_one_that_stays_quiet() -> No
     names = {rule["alert"] for rule in alerts(yaml.safe_load(monitoring_files.RULES.read_text()))}
     assert names - firing == set(), "alerts without a unit test that fires"
     assert names - quiet == set(), "alerts without a unit test that stays quiet"
+
+
+def test_the_readme_links_the_runbooks_and_monitoring_docs() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert "docs/runbooks.md" in readme and "docs/monitoring.md" in readme
