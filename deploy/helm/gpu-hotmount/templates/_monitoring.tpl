@@ -35,7 +35,7 @@ groups:
             "summary" `GPU {{ $labels.gpu }} on node {{ $labels.node }} is hot-mounted in pod {{ $labels.namespace }}/{{ $labels.pod }} and the kubelet gave it to pod {{ $labels.other_namespace }}/{{ $labels.other_pod }}`
             "description" "Two pods share one GPU: the kubelet's books count a hot-mounted GPU as free. With --on-double-booking=take-back the agent unmounts it at its next pass; this alert means it stays.") | nindent 8 }}
       - alert: HotmountReconcileStalled
-        expr: timestamp(hotmount_reconcile_last_success_timestamp_seconds{ {{- $job -}} }) - hotmount_reconcile_last_success_timestamp_seconds{ {{- $job -}} } > {{ mul $rules.reconcileStalledIntervals .Values.reconcileInterval }}
+        expr: timestamp(hotmount_reconcile_last_success_timestamp_seconds{ {{- $job -}} }) - hotmount_reconcile_last_success_timestamp_seconds{ {{- $job -}} } > {{ mulf $rules.reconcileStalledIntervals .Values.reconcileInterval }}
         for: 2m
         {{- include "gpu-hotmount.alertMeta" (dict "root" . "alert" "HotmountReconcileStalled" "severity" "critical"
             "summary" `Agent {{ $labels.pod }} on node {{ $labels.node }} has finished no reconcile pass for {{ $value | humanizeDuration }}`
