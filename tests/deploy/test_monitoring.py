@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import jsonschema_rs
 import pytest
 import yaml
 
@@ -34,6 +35,7 @@ HELM = helm_binary()
 PROMTOOL = shutil.which("promtool")
 UNIT_TESTS = Path(__file__).parent / "monitoring" / "alerts.test.yaml"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
+CRDS = Path(__file__).parent / "monitoring" / "crds"  # the Prometheus Operator's own
 MONITORING_KINDS = ("PrometheusRule", "ServiceMonitor")
 # What issue 34 asks for at least.
 ISSUE_ALERTS = (
@@ -223,6 +225,51 @@ def selects(monitor: Obj, service: Obj) -> bool:
             return False
     namespaces = monitor["spec"]["namespaceSelector"]["matchNames"]
     return service["metadata"]["namespace"] in namespaces
+
+
+def strict(schema: object) -> object:
+    """A CRD's schema as the API server applies it with strict field validation
+    (kubectl's default): a field the schema does not name is an error, not dropped."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) for key, value in schema.items()}
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def crd_validator(kind: str) -> jsonschema_rs.Draft202012Validator:
+    for path in CRDS.glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        if crd["spec"]["names"]["kind"] == kind:
+            [v1] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+            return jsonschema_rs.Draft202012Validator(strict(v1["schema"]["openAPIV3Schema"]))
+    raise AssertionError(f"no CRD for {kind} in {CRDS}")
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [ALL_ON, (*ALL_ON, "monitoring.serviceMonitor.tokenSecret.name=t",
+              "monitoring.serviceMonitor.tokenSecret.key=token",
+              "monitoring.serviceMonitor.interval=30s",
+              "monitoring.rules.alertLabels.team=gpu")],
+)  # fmt: skip
+def test_the_rule_and_the_servicemonitor_fit_the_operators_crds(
+    helm: str, sets: tuple[str, ...]
+) -> None:
+    """Checked against the CRDs the Prometheus Operator installs (v0.85.0), strictly: a
+    misspelt field fails here, not silently at the API server."""
+    objects = render(helm, *sets)
+    for kind in MONITORING_KINDS:
+        obj = find(objects, kind)
+        errors = [str(e) for e in crd_validator(kind).iter_errors(obj)]
+        assert errors == [], (kind, errors)
 
 
 def test_the_plain_files_are_what_the_chart_renders(helm: str) -> None:
