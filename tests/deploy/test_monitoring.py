@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -363,3 +364,26 @@ def test_every_alert_has_a_unit_test_that_fires_and_one_that_stays_quiet() -> No
 def test_the_readme_links_the_runbooks_and_monitoring_docs() -> None:
     readme = (REPO / "README.md").read_text()
     assert "docs/runbooks.md" in readme and "docs/monitoring.md" in readme
+
+
+GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range"}
+
+
+def test_the_dashboard_is_consistent() -> None:
+    """Unique panel ids, unique refIds per panel, every panel on the template's data
+    source, and every $variable a query uses defined (or one of Grafana's own)."""
+    dashboard = json.loads(monitoring_files.DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    defined = {v["name"] for v in dashboard["templating"]["list"]}
+    queries = [
+        v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"
+    ]
+    for panel in panels:
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(set(refs)) == len(refs), panel["title"]
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        queries += [t["expr"] for t in panel["targets"]]
+    used = {m for q in queries for m in re.findall(r"\$\{?(\w+)", q)}
+    assert used - defined - GRAFANA_BUILTINS == set(), used
+    assert {"job", "node"} <= used
