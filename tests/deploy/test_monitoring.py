@@ -376,9 +376,7 @@ def test_the_dashboard_is_consistent() -> None:
     panels = dashboard["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
     defined = {v["name"] for v in dashboard["templating"]["list"]}
-    queries = [
-        v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"
-    ]
+    queries = [v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
     for panel in panels:
         refs = [t["refId"] for t in panel["targets"]]
         assert len(set(refs)) == len(refs), panel["title"]
