@@ -17,6 +17,7 @@ from agent.metrics import Metrics
 from agent.node.accounting import Accounting
 from agent.node.desired import DesiredMounts
 from agent.node.double_booking import DoubleBookings
+from agent.node.gpu_states import GpuStates
 from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
 from agent.node.kubelet import KubeletBooks
@@ -66,6 +67,7 @@ class Node:
         )
         listing = Listing(settings, engine, kube, targets, kubelet, accounting, idle_reclaim)
         metrics.watch_mounts(settings.node_name or "", listing.mount_samples)
+        metrics.watch_gpu_states(settings.node_name or "", GpuStates(engine, kubelet).counts)
         return cls(
             settings=settings,
             engine=engine,
