@@ -407,3 +407,15 @@ def test_a_crash_during_resume_is_repaired_by_reconcile(node: Node, pod: Setup, 
         assert status(container) == "running /dev/nvidia1 pattern=ok"
         assert B in saved.devices and not saved.suspended
         assert gpu_fds(pid) == ["/dev/nvidia1", "/dev/nvidiactl"]
+
+
+def test_a_node_still_held_after_the_checkpoint_rolls_back(node: Node, pod: Setup) -> None:
+    """The process's own second fd on the GPU's node survives its checkpoint: nothing is
+    unmounted, the process is restored and unlocked."""
+    container, pid = pod("v1", "--keep-open")
+    done = node.run("suspend", container)
+    assert done["error"] == "DeviceBusy" and done["status"] == 409, done
+    assert f"PID {pid} (cuda_process) holds /dev/nvidia0" in done["message"]
+    assert status(container) == "running /dev/nvidia0 pattern=ok"
+    saved = record(node, container)
+    assert A in saved.devices and not saved.suspended and saved.suspension is None

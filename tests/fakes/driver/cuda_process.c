@@ -4,6 +4,7 @@
  *
  *     cuda_process --gpu GPU-<uuid>=/dev/nvidia0 [--gpu GPU-<uuid>=/dev/nvidia1 ...]
  *                  [--ctl /dev/nvidiactl] [--mib N] [--refuse-lock] [--status PATH]
+ *                  [--keep-open]
  *
  * holds the first --gpu's node (and --ctl) open and keeps N MiB of a known pattern as
  * its "GPU memory". It answers the stand-in libcuda (libcuda.c) on a Unix socket
@@ -12,7 +13,8 @@
  * dropped, every GPU fd closed), "restore [old=new ...]" (the node of the GPU it maps to
  * opened again, which fails while the cgroup denies it; the memory copied back and the
  * pattern checked), "unlock", "state". Each --gpu maps a UUID to its node, as the driver
- * maps a UUID to a minor. --status (default /tmp/cuda-process.status) says where it
+ * maps a UUID to a minor. --keep-open: a second fd on the first GPU's node that is the
+ * process's own, not CUDA's, so a checkpoint leaves it open. --status (default /tmp/cuda-process.status) says where it
  * stands, for the tests:
  * "<state> <node> pattern=<ok|bad>".
  */
@@ -147,7 +149,7 @@ static int handle(char *line, char *reply, size_t n, int refuse_lock) {
 }
 
 int main(int argc, char **argv) {
-    int refuse_lock = 0;
+    int refuse_lock = 0, keep_open = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--gpu") && i + 1 < argc && ngpus < MAX_GPUS) {
             char *eq = strchr(argv[++i], '=');
@@ -162,6 +164,8 @@ int main(int argc, char **argv) {
             status_path = argv[++i];
         } else if (!strcmp(argv[i], "--mib") && i + 1 < argc) {
             size = (size_t)atoi(argv[++i]) << 20;
+        } else if (!strcmp(argv[i], "--keep-open")) {
+            keep_open = 1;
         } else if (!strcmp(argv[i], "--refuse-lock")) {
             refuse_lock = 1;
         } else {
@@ -174,6 +178,8 @@ int main(int argc, char **argv) {
     char why[200];
     if (open_gpu(0, why, sizeof why) < 0)
         return fprintf(stderr, "%s\n", why), 1;
+    if (keep_open && open(nodes[0], O_RDWR) < 0)
+        return perror(nodes[0]), 1;
     device_memory = malloc(size);
     for (size_t i = 0; i < size; i++)
         device_memory[i] = expected(i);
