@@ -27,6 +27,7 @@ from agent.node.moves import Moves
 from agent.node.pins import Pins
 from agent.node.reconcile import ReconcilePass
 from agent.node.remounts import Remounts
+from agent.node.suspending import Suspending
 from agent.node.targets import Targets
 from agent.podresources import PodResourcesClient
 from hotmount import engine as eng
@@ -42,6 +43,7 @@ class Node:
     moves: Moves
     listing: Listing
     reconciler: ReconcilePass
+    suspending: Suspending
 
     @classmethod
     def build(
@@ -74,6 +76,7 @@ class Node:
             mounting=mounting,
             moves=Moves(engine, kube, metrics, locks, targets, mounting),
             listing=listing,
+            suspending=Suspending(engine, kube, metrics, locks, targets, kubelet, holders),
             reconciler=ReconcilePass(
                 engine,
                 metrics,

@@ -20,16 +20,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hotmount import liveness, plan
 from hotmount.containers import Container, ContainerRef
-from hotmount.devices.model import Device, DeviceKind
 from hotmount.errors import HotmountError, KernelError
 from hotmount.ledger import ContainerRecord, CudaProcess, SuspendedGpu, Suspension, now
 from hotmount.suspend import choose, memory, nvml
 from hotmount.suspend.cuda import CheckpointApi, CudaError, find_libcuda
+from hotmount.suspend.model import ResumeResult, SuspendResult, gpu_uuid, listing
 from hotmount.usage import Pinned
 
 if TYPE_CHECKING:
@@ -39,45 +38,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, dict[str, object]], None]
+# The mount metadata that names a holder or pin pod (agent/node/pins.py): released by the
+# caller on suspend, so a resume does not name it again.
+_HOLDER_POD_KEYS = frozenset({"holder", "holderUid", "holderKind"})
 DEFAULT_LOCK_TIMEOUT = 10.0  # seconds a process may take to drain its GPU work and lock
 
 
 def _quiet(event: str, details: dict[str, object]) -> None:
     return None
-
-
-@dataclass
-class SuspendResult:
-    container: dict[str, object]
-    devices: list[str]
-    processes: list[dict[str, int]] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, object]:
-        moved = sum(p["gpuBytes"] for p in self.processes)
-        return {
-            "container": self.container,
-            "suspended": self.devices,
-            "processes": self.processes,
-            "hostBytes": moved,
-        }
-
-
-@dataclass
-class ResumeResult:
-    container: dict[str, object]
-    onto: dict[str, str]  # old key -> the key it resumed onto
-    processes: list[dict[str, int]] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, object]:
-        return {"container": self.container, "resumed": self.onto, "processes": self.processes}
-
-
-def gpu_uuid(device: Device) -> str | None:
-    """The GPU's UUID: NVML's, or a CDI name that is one (`nvidia.com/gpu=GPU-<uuid>`)."""
-    if device.uuid:
-        return device.uuid
-    name = device.key.rpartition("=")[2]
-    return name if device.kind is DeviceKind.CDI and name.startswith("GPU-") else None
 
 
 class Suspender:
@@ -174,7 +142,7 @@ class Suspender:
             progress("unmounted", {"devices": keys})
             self._save(container.key, suspension=None)
             log.info("suspended %s of %s (%d processes)", keys, container.key, len(processes))
-            return SuspendResult(container.as_dict(), keys, _listing(processes))
+            return SuspendResult(container.as_dict(), keys, listing(processes))
 
     def _lock_all(
         self,
@@ -302,7 +270,7 @@ class Suspender:
             self._restore_all(api, container, processes, list(moves.items()), progress)
             self._save(container.key, suspension=None, suspended={}, suspended_processes=[])
             log.info("resumed %s of %s onto %s", list(chosen), container.key, step.targets)
-            return ResumeResult(container.as_dict(), dict(step.targets), _listing(processes))
+            return ResumeResult(container.as_dict(), dict(step.targets), listing(processes))
 
     def _choose(
         self, record: ContainerRecord, onto: list[str] | None, unavailable: frozenset[str]
@@ -327,13 +295,19 @@ class Suspender:
         if all(new in fresh.devices for new in targets.values()):
             return  # mounted before a crash
         first = record.suspended[next(iter(targets))].device
+
+        def kept(metadata: dict[str, str]) -> dict[str, str]:  # its pin or holder pod is gone
+            return {k: v for k, v in metadata.items() if k not in _HOLDER_POD_KEYS}
+
         self.engine.mount(
             container,
             list(targets.values()),
-            metadata=first.metadata,
+            metadata=kept(first.metadata),
             group=first.group,
             share_with=first.shared_with,
-            device_metadata={n: record.suspended[o].device.metadata for o, n in targets.items()},
+            device_metadata={
+                n: kept(record.suspended[o].device.metadata) for o, n in targets.items()
+            },
         )
 
     def _restore_all(
@@ -484,7 +458,3 @@ def _try(call: Callable[..., object], *args: object) -> object:
     except HotmountError as exc:
         log.warning("rollback step %s%s: %s", getattr(call, "__name__", call), args, exc.message)
         return None
-
-
-def _listing(processes: list[CudaProcess]) -> list[dict[str, int]]:
-    return [{"pid": p.pid, "gpuBytes": p.gpu_bytes} for p in processes]

@@ -1,8 +1,6 @@
 """Suspend and resume (issue 33) on real runc containers, with the stand-in driver.
 
-Two stand-in GPUs of one model with real drivers, so a process can hold them open:
-GPU A is /dev/fuse's 10:229, GPU B /dev/loop-control's 10:237, /dev/nvidiactl /dev/zero's
-1:5; their CDI names are their UUIDs (as nvidia-ctk also names them). The fake NVML
+Two stand-in GPUs of one model with real drivers (tests/support/cuda_standin.py). The fake NVML
 (tests/fakes/nvml) reports them and the stand-in process's GPU memory (512 MiB), the
 stand-in libcuda (tests/fakes/driver/libcuda.c) under a driver root speaks to the
 stand-in CUDA process (cuda_process.c) in the container, which keeps a known pattern
@@ -16,12 +14,10 @@ loaded by soname with the environment a process starts with, and a crash is real
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,50 +25,27 @@ import pytest
 from hotmount.engine import Engine, EngineConfig
 from hotmount.ledger import ContainerRecord
 from hotmount.suspend.memory import memory_cgroup
-from tests.fakes import driver, nvml
-from tests.support.runc import RuncContainer, make_rootfs
-from tests.support.waiting import wait_for
-
-UUID_A = "GPU-aaaaaaaa-0000-4000-8000-000000000001"
-UUID_B = "GPU-bbbbbbbb-0000-4000-8000-000000000002"
-A, B = f"nvidia.com/gpu={UUID_A}", f"nvidia.com/gpu={UUID_B}"
-MODEL = "NVIDIA H200"
-SPEC = f"""\
-cdiVersion: 0.6.0
-kind: nvidia.com/gpu
-devices:
-  - name: {UUID_A}
-    containerEdits:
-      deviceNodes: [{{path: /dev/nvidia0, type: c, major: 10, minor: 229}}]
-  - name: {UUID_B}
-    containerEdits:
-      deviceNodes: [{{path: /dev/nvidia1, type: c, major: 10, minor: 237}}]
-containerEdits:
-  deviceNodes:
-    - {{path: /dev/nvidiactl, type: c, major: 1, minor: 5}}
-"""
-GPU_MAP = ["--gpu", f"{UUID_A}=/dev/nvidia0", "--gpu", f"{UUID_B}=/dev/nvidia1"]
-
-
-@dataclass(frozen=True)
-class StandIn:
-    driver_root: Path
-    nvml_dir: Path
-    rootfs: Path
-    cdi_dir: Path
+from tests.fakes import nvml
+from tests.support.cuda_standin import (
+    GPU_MAP,
+    MODEL,
+    UUID_A,
+    UUID_B,
+    A,
+    B,
+    StandIn,
+    build_standin,
+    gpu_fds,
+    nvml_config,
+    start_cuda,
+    status,
+)
+from tests.support.runc import RuncContainer
 
 
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> StandIn:
-    base = tmp_path_factory.mktemp("suspend")
-    root = driver.build_root(base / "driver")
-    lib = nvml.build(base / "nvml")
-    rootfs = make_rootfs(base / "image")
-    driver.build_cuda_process(rootfs / "bin" / "cuda_process")
-    cdi = base / "cdi"
-    cdi.mkdir()
-    (cdi / "gpus.yaml").write_text(SPEC)
-    return StandIn(root, lib, rootfs, cdi)
+    return build_standin(tmp_path_factory.mktemp("suspend"))
 
 
 class Node:
@@ -105,29 +78,14 @@ class Node:
         self, container: RuncContainer, *extra: str, status: str = "a", gpus: list[str] = GPU_MAP
     ) -> int:
         """The stand-in CUDA process on GPU A; its host PID (NVML lists it on A)."""
-        argv = ["runc", "--root", str(container.state_root), "exec", container.id,
-                "/bin/cuda_process", *gpus, "--ctl", "/dev/nvidiactl",
-                "--status", f"/tmp/{status}.status", *extra]  # fmt: skip
-        if container.mode == "v2":
-            from tests.support.runc import _V2_PREFIX
-
-            argv = ["unshare", "-m", "sh", "-c", _V2_PREFIX, "sh", *argv[1:]]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        proc, pid = start_cuda(container, *extra, status=status, gpus=gpus)
         self.processes.append(proc)
-        assert proc.stdout is not None and b"READY" in proc.stdout.readline()
-        known = set(self.cuda_pids)
-        pid = wait_for(
-            lambda: next((p for p in pids_of(container, "cuda_process") if p not in known), None),
-            "the stand-in CUDA process in the container",
-        )
         self.cuda_pids.append(pid)
         self.write_nvml()
         return pid
 
     def write_nvml(self) -> None:
-        gpus = [nvml.FakeGpu(UUID_A, "0000:3b:00.0", 0, compute_pids=tuple(self.cuda_pids)),
-                nvml.FakeGpu(UUID_B, "0000:86:00.0", 1)]  # fmt: skip
-        nvml.write_config(self.nvml_config, gpus)
+        nvml_config(self.nvml_config, self.cuda_pids)
 
     def run(self, op: str, container: RuncContainer | None = None, **options: object) -> dict:
         config = {"op": op, "container": container.id if container else None,
@@ -157,41 +115,11 @@ class Node:
         shutil.rmtree(self.cuda_state, ignore_errors=True)
 
 
-def pids_of(container: RuncContainer, command: str) -> list[int]:
-    """Host PIDs of the container's processes running `command`."""
-    found = []
-    for directory in (container.v1_devices_dir, container.v2_dir):
-        procs = directory / "cgroup.procs"
-        if procs.exists():
-            for line in procs.read_text().split():
-                comm = Path(f"/proc/{line}/comm")
-                if comm.exists() and comm.read_text().strip() == command:
-                    found.append(int(line))
-    return sorted(set(found))
-
-
 @pytest.fixture
 def node(tmp_path: Path, standin: StandIn) -> Iterator[Node]:
     made = Node(tmp_path, standin)
     yield made
     made.close()
-
-
-def status(container: RuncContainer, name: str = "a") -> str:
-    return container.exec("cat", f"/tmp/{name}.status").stdout.strip()
-
-
-def gpu_fds(pid: int) -> list[str]:
-    """The GPU nodes (A, B, nvidiactl by number) a host PID holds open."""
-    held = []
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            rdev = os.stat(fd).st_rdev
-        except OSError:
-            continue
-        if (os.major(rdev), os.minor(rdev)) in {(10, 229), (10, 237), (1, 5)}:
-            held.append(os.readlink(fd))
-    return sorted(held)
 
 
 Setup = Callable[..., tuple[RuncContainer, int]]
