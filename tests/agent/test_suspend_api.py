@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.agent.conftest import ALICE, BOB, METRICS, Cluster
-from tests.fakes import nvml
-from tests.support.agent import AgentProcess
+from tests.agent.conftest import ALICE, BOB, METRICS
 from tests.support.cuda_standin import (
     MODEL,
     UUID_A,
@@ -19,11 +16,9 @@ from tests.support.cuda_standin import (
     B,
     StandIn,
     build_standin,
-    nvml_config,
-    start_cuda,
     status,
 )
-from tests.support.runc import RuncContainer
+from tests.support.suspend_world import World
 
 pytestmark = pytest.mark.kernel
 PODS = "/v1/namespaces/default/pods"
@@ -32,37 +27,6 @@ PODS = "/v1/namespaces/default/pods"
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> StandIn:
     return build_standin(tmp_path_factory.mktemp("suspend-api"))
-
-
-class World:
-    def __init__(self, tmp: Path, standin: StandIn) -> None:
-        self.cluster = Cluster(tmp, standin.rootfs, standin.cdi_dir)
-        self.nvml_config = nvml_config(tmp / "nvml.conf", [])
-        cuda_state = tmp / "cuda-state"
-        cuda_state.mkdir()
-        env = nvml.env(standin.nvml_dir, self.nvml_config, base={})
-        env |= {"FAKE_CUDA_STATE_DIR": str(cuda_state), "FAKE_CUDA_DRIVER_VERSION": "13000"}
-        self.agent: AgentProcess = self.cluster.agent(
-            extra=["--driver-root", str(standin.driver_root)], env=env
-        )
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    def notebook(self, name: str = "nb") -> tuple[RuncContainer, int]:
-        """A pod with GPU A hot-mounted and a CUDA process on it."""
-        container = self.cluster.pod(name)
-        with self.agent.client(ALICE) as api:
-            mounted = api.post(f"{PODS}/{name}/devices", json={"devices": [A]})
-        assert mounted.status_code == 200, mounted.text
-        proc, pid = start_cuda(container)
-        self.processes.append(proc)
-        nvml_config(self.nvml_config, [pid])
-        return container, pid
-
-    def close(self) -> None:
-        for proc in self.processes:
-            proc.kill()
-            proc.communicate()
-        self.cluster.close()
 
 
 @pytest.fixture
