@@ -114,7 +114,6 @@ GPUMOUNT_COLUMNS = [
     _column("Name", "The pod the GPUs are hot-mounted into.", format="name"),
     _column("Container", "The containers that have them."),
     _column("GPUs", "Index and short UUID of each hot-mounted device."),
-    _column("State", "mounted, or suspended: the GPU given back, its processes kept."),
     _column("Idle", "Idle time over idle timeout: busy, 12m/30m, -/never."),
     _column("Shared", "The pod whose GPU this mount joined on purpose."),
     _column("Pin or holder", "The pod that keeps each GPU in the scheduler's books."),
@@ -123,6 +122,7 @@ GPUMOUNT_COLUMNS = [
     _column("UUIDs", "Full UUIDs.", priority=1),
     _column("Devices", "Device keys, as the agent names them.", priority=1),
     _column("Paths", "Device nodes created in the containers.", priority=1),
+    _column("State", "mounted, or suspended: the GPU given back, its processes kept.", priority=1),
 ]
 
 NODEDEVICES_COLUMNS = [
@@ -174,14 +174,14 @@ def gpumount_cells(obj: Mapping[str, Any], now: datetime) -> list[Any]:
     status = obj.get("status") or {}
     devices = _devices(status)
     gpus = [
-        f"{d['index']} ({short_uuid(d.get('uuid'))})" if d.get("index") is not None else d["key"]
+        (f"{d['index']} ({short_uuid(d.get('uuid'))})" if d.get("index") is not None else d["key"])
+        + (" suspended" if d.get("state") == "suspended" else "")
         for _, d in devices
     ]
     return [
         obj["metadata"]["name"],
         _joined(c.get("container") or (c.get("containerId") or "")[:13] for c, _ in devices),
         _joined(gpus),
-        _joined(d.get("state") or "mounted" for _, d in devices),
         _joined(_idle(d) for _, d in devices),
         _joined(d.get("sharedWith") or "" for _, d in devices),
         _joined(_keeper(d) for _, d in devices),
@@ -190,6 +190,7 @@ def gpumount_cells(obj: Mapping[str, Any], now: datetime) -> list[Any]:
         _joined(d.get("uuid") or "" for _, d in devices),
         _joined(d["key"] for _, d in devices),
         _joined(p for _, d in devices for p in d.get("paths") or []),
+        _joined(d.get("state") or "mounted" for _, d in devices),
     ]
 
 
