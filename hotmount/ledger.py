@@ -248,6 +248,21 @@ class Ledger:
         finally:
             os.close(fd)
 
+    @contextlib.contextmanager
+    def try_lock(self, key: str) -> Iterator[bool]:
+        """`lock` without waiting: yields False (and holds nothing) while another holds it."""
+        path = f"{self._locks_dir}/{_file_name(key)}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
     # -- device claims
     @contextlib.contextmanager
     def claims_lock(self) -> Iterator[None]:

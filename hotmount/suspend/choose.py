@@ -37,6 +37,10 @@ class NotSuspended(Conflict):
     reason = "NotSuspended"
 
 
+class AlreadySuspended(Conflict):
+    reason = "AlreadySuspended"
+
+
 def cuda_text(version: int) -> str:
     return f"CUDA {version // 1000}.{version % 1000 // 10}"
 

@@ -77,7 +77,9 @@ class Suspender:
         with alive, self._suspend_lock(container.key):
             record = self._finish_first(container)
             if record is not None and record.suspended:
-                raise choose.Conflict(f"container {container.key}'s GPUs are suspended already")
+                raise choose.AlreadySuspended(
+                    f"container {container.key}'s GPUs are suspended already"
+                )
             keys = self._gpus(record)
             if record is None or not keys:
                 raise choose.NotSuspended(f"container {container.key} has no hot-mounted GPU")
@@ -120,7 +122,7 @@ class Suspender:
                 record = self._load(container.key)
                 engine.use.clear(engine.inventory, container, record, keys, leaving, False, True)
             except HotmountError:
-                self._roll_back(api, container, processes, "checkpointed")
+                self._roll_back(api, container, processes)
                 raise
             suspended = {
                 k: SuspendedGpu(
@@ -207,13 +209,13 @@ class Suspender:
             except HotmountError:
                 record = self._load(container.key)
                 if record.pending is None and all(k in record.devices for k in keys):
-                    self._roll_back(api, container, processes, "checkpointed")
+                    self._roll_back(api, container, processes)
                 raise
         elif any(k in record.devices for k in keys):
             self.engine.unmount(container, [k for k in keys if k in record.devices])
 
     def _roll_back(
-        self, api: CheckpointApi, container: Container, processes: list[CudaProcess], _: str
+        self, api: CheckpointApi, container: Container, processes: list[CudaProcess]
     ) -> None:
         """Back to running on the GPUs still mounted: restore whoever is checkpointed,
         unlock whoever is locked; the suspension forgotten."""
@@ -362,7 +364,9 @@ class Suspender:
             if container is None:
                 continue  # the engine's reconcile forgets it with its record
             try:
-                with self._suspend_lock(record.key):
+                with self.engine.ledger.try_lock(f"{record.key}#suspend") as mine:
+                    if not mine:
+                        continue  # a suspend or resume runs: it finishes its own steps
                     self._finish_first(container)
                 done += 1
             except HotmountError as exc:
@@ -381,7 +385,7 @@ class Suspender:
         api = self.api()
         log.info("finishing %s's %s, left at %s", container.key, step.op, step.step)
         if step.op == "suspend" and step.step in ("locking", "checkpointing"):
-            self._roll_back(api, container, step.processes, step.step)
+            self._roll_back(api, container, step.processes)
         elif step.op == "suspend":
             self._unmount(container, step.devices, api, step.processes)
             self._save(container.key, suspension=None)

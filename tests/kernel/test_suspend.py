@@ -347,3 +347,13 @@ def test_a_node_still_held_after_the_checkpoint_rolls_back(node: Node, pod: Setu
     assert status(container) == "running /dev/nvidia0 pattern=ok"
     saved = record(node, container)
     assert A in saved.devices and not saved.suspended and saved.suspension is None
+
+
+def test_suspend_twice_and_resume_unsuspended_are_refused(node: Node, pod: Setup) -> None:
+    container, _ = pod()
+    never = node.run("resume", container)
+    assert never["error"] == "NotSuspended" and never["status"] == 409, never
+    assert "ok" in node.run("suspend", container)
+    again = node.run("suspend", container)
+    assert again["error"] == "AlreadySuspended", again
+    assert status(container) == "checkpointed - pattern=ok"
