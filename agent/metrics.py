@@ -153,6 +153,11 @@ class Metrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
         )
+        self.suspended_gpus = Gauge(
+            "hotmount_suspended_gpus",
+            "GPUs taken from pods by a suspension, their processes kept for a resume",
+            registry=self.registry,
+        )
         self.requests_in_agent = Gauge(
             "hotmount_requests_in_agent",
             "API calls in the agent now, waiting in line or at work (see --max-requests)",

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 import typer
 
 from cli import __version__
+from cli.commands import suspend as suspend_commands
 from cli.completion import (
     SHELLS,
     complete_gpus,
@@ -818,6 +819,9 @@ def completion(
 # kubectl runs a plugin `kubectl gpu ARGS` as the executable `kubectl-gpu` on PATH, with
 # ARGS as they were typed: kubectl's --kubeconfig, --context and -n among them.
 PLUGIN_NAME = "kubectl gpu"
+
+
+suspend_commands.register(app, with_common)  # cli/commands/suspend.py
 
 
 def program_name(argv0: str) -> str:

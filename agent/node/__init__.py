@@ -28,6 +28,7 @@ from agent.node.moves import Moves
 from agent.node.pins import Pins
 from agent.node.reconcile import ReconcilePass
 from agent.node.remounts import Remounts
+from agent.node.suspending import Suspending
 from agent.node.targets import Targets
 from agent.podresources import PodResourcesClient
 from hotmount import engine as eng
@@ -43,6 +44,7 @@ class Node:
     moves: Moves
     listing: Listing
     reconciler: ReconcilePass
+    suspending: Suspending
 
     @classmethod
     def build(
@@ -76,6 +78,7 @@ class Node:
             mounting=mounting,
             moves=Moves(engine, kube, metrics, locks, targets, mounting),
             listing=listing,
+            suspending=Suspending(engine, kube, metrics, locks, targets, kubelet, holders),
             reconciler=ReconcilePass(
                 engine,
                 metrics,

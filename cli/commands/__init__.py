@@ -1,0 +1,1 @@
+"""nvcli commands, one module a verb; cli/main.py registers them."""
