@@ -1,20 +1,17 @@
 """Flow 22: DRA for real (issue 31, item 1): the DRA example driver on the node.
 
-`sigs.k8s.io/dra-example-driver`'s kubelet plugin (v0.4.0, built from its Go module by
-`node/build-dra-driver.sh`) runs on the node as `gpu.example.com` with two devices: it
-registers with the kubelet, publishes a ResourceSlice, and prepares claims by writing
-CDI specs to /var/run/cdi that containerd applies (its devices are environment
-variables; it has no device nodes). Its devices' `uuid` attributes are `gpu-<uuid>`,
-derived from the node's name: the fake NVML is given the same UUIDs as NVIDIA spells
-them (`GPU-<uuid>`, same hex), by the device's `index` attribute. The agent is
-configured for that driver by the chart's `dra.*` values alone.
+The driver (tests/k8s/dradriver.py: `sigs.k8s.io/dra-example-driver` v0.4.0 built from
+its Go module) publishes two GPUs as `gpu.example.com`, and the fake NVML shows the
+agent the same two by UUID. The agent is configured for that driver by the chart's
+`dra.*` values alone.
 
 What is proven here, against the real scheduler, kubelet and containerd: a claim's pod
-runs with what CDI injects; a pin is a claim the scheduler allocates to exactly the
-pinned GPU, so ordinary DRA pods get the other one and wait while none is free; the
-agent reads DRA allocations from PodResources and answers 409; a ResourceQuota on the
-class's devices is charged by a pin and refuses the next with exit 7; a pod asking the
-class's extended resource name (KEP-5004) is in the same books.
+runs with what the driver's CDI spec injects; a pin is a claim the scheduler allocates
+to exactly the pinned GPU, so ordinary DRA pods get the other one and wait while none
+is free; the agent reads DRA allocations from PodResources and answers 409; a
+ResourceQuota on the class's devices is charged by a pin and refuses the next with
+exit 7; a pod asking `nvidia.com/gpu` through the DeviceClass's extended resource name
+(KEP-5004) is in the same books.
 """
 
 from __future__ import annotations
@@ -22,67 +19,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.podresources.client import PodResourcesClient
-from tests.fakes import nvml as fake_nvml
-from tests.fakes.nvml import FakeGpu
-from tests.k8s import flows
+from tests.k8s import dradriver, flows
+from tests.k8s.dradriver import CLASS, DRIVER, DraGpu
 from tests.k8s.flows import ABSENT, EXIT_CONFLICT, EXIT_QUOTA, GRANTED
-from tests.k8s.node import cluster
 from tests.k8s.node.cluster import CDI_DIRS, NODE_NAME, Node
 
-DRIVER = "gpu.example.com"  # the example driver's default name for its gpu profile
-CLASS = DRIVER
 NVML_CONFIG = "gpus-dra.conf"
-PROCESS = "dra-example-kubeletplugin"
 EXTENDED_RESOURCE = flows.GPU_RESOURCE  # nvidia.com/gpu, through the DeviceClass (KEP-5004)
-BUS_IDS = ("0000:5e:00.0", "0000:86:00.0")
-
-
-@dataclass(frozen=True)
-class DraGpu:
-    index: int
-    device: str  # the slice's device name (gpu-0)
-    published: str  # the driver's uuid attribute (gpu-<uuid>)
-
-    @property
-    def uuid(self) -> str:
-        """As NVML (the fake, here) names it."""
-        return "GPU-" + self.published.removeprefix("gpu-")
-
-
-def device_class() -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": CLASS},
-        "spec": {
-            "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
-            "extendedResourceName": EXTENDED_RESOURCE,
-        },
-    }
-
-
-def published_gpus(node: Node) -> list[DraGpu] | None:
-    """The driver's devices on this node, from its ResourceSlice, once it has one."""
-    found = node.kubectl("get", "resourceslices", "-o", "json", check=False).stdout
-    slices = [
-        s for s in json.loads(found or '{"items": []}')["items"]
-        if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == NODE_NAME
-    ]  # fmt: skip
-    devices = [d for s in slices for d in s["spec"].get("devices", [])]
-    if len(devices) != len(BUS_IDS):
-        return None
-    gpus = [
-        DraGpu(d["attributes"]["index"]["int"], d["name"], d["attributes"]["uuid"]["string"])
-        for d in devices
-    ]
-    return sorted(gpus, key=lambda g: g.index)
 
 
 @pytest.fixture(scope="module")
@@ -90,26 +39,14 @@ def dra(node: Node, gpus: flows.Gpus, hotmount: flows.Release) -> Iterator[list[
     """The driver running, its DeviceClass, the fake NVML showing its GPUs, and the agent
     configured for it; all undone afterwards (the package's other flows use the device
     plugin's GPUs)."""
-    binary = cluster.build_dra_driver()
-    node.apply(device_class())
-    node.start_process(PROCESS, [
-        str(binary), "--node-name", NODE_NAME, "--cdi-root", CDI_DIRS[1],
-        "--num-devices", str(len(BUS_IDS)), "--kubeconfig", str(node.kubeconfigs["admin"]),
-    ])  # fmt: skip
     try:
-        published = flows.wait_for("the driver's ResourceSlice", lambda: published_gpus(node), 90)
-        fake_nvml.write_config(
-            gpus.nvml_dir / NVML_CONFIG,
-            [FakeGpu(g.uuid, BUS_IDS[g.index], g.index) for g in published],
-        )
-        hotmount.set_dra({"driver": DRIVER, "gpuClass": CLASS, "migClass": "mig.example.com"},
-                         NVML_CONFIG)  # fmt: skip
+        published = dradriver.start(node, EXTENDED_RESOURCE)
+        dradriver.write_nvml(gpus.nvml_dir / NVML_CONFIG, [g.nvml() for g in published])
+        hotmount.set_dra(dradriver.VALUES, NVML_CONFIG)
         yield published
     finally:
         hotmount.set_dra({}, "gpus.conf")
-        node.kubectl("delete", "resourceclaims", "--all", "-A", "--wait=false", check=False)
-        node.stop_process(PROCESS)
-        node.kubectl("delete", "deviceclass", CLASS, "--ignore-not-found", check=False)
+        dradriver.stop(node)
 
 
 # ---- helpers ---------------------------------------------------------------------
@@ -189,7 +126,8 @@ def test_a_pod_with_a_resource_claim_runs_with_what_cdi_injects(
         # Only the driver's CDI spec (in /var/run/cdi, for this claim) sets these.
         number = device.removeprefix("gpu-")
         assert f"GPU_DEVICE_{number}={device}" in env, env
-        assert f"GPU_DEVICE_{number}_RESOURCE_CLAIM={uid}" in env, env
+        key = device.upper().replace("-", "_")
+        assert f"GPU_DEVICE_{key}_RESOURCE_CLAIM={uid}" in env, env
         specs = [p.read_text() for p in Path(CDI_DIRS[1]).glob("*.json")]
         assert any(uid in spec for spec in specs), specs
         # The kubelet reports the prepared device in PodResources (dynamic_resources).
