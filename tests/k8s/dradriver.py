@@ -1,4 +1,4 @@
-"""The DRA example driver on the real node (flow 22, bench/pin_bench.py --dra).
+"""The DRA example driver on the real node (flow 25, bench/pin_bench.py --dra).
 
 `sigs.k8s.io/dra-example-driver`'s kubelet plugin, built from its Go module by
 `node/build-dra-driver.sh`, runs on the host as `gpu.example.com`: it registers with

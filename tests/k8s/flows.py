@@ -170,7 +170,7 @@ class Release:
             self.upgrade()
 
     def set_dra(self, dra: dict[str, Any], nvml_config: str) -> None:
-        """The chart's dra.* values and the fake NVML's GPUs (tests/k8s/test_22_dra.py);
+        """The chart's dra.* values and the fake NVML's GPUs (tests/k8s/test_25_dra.py);
         {} and gpus.conf: the defaults."""
         if (dra, nvml_config) != (self.dra, self.nvml_config):
             self.dra, self.nvml_config = dra, nvml_config

@@ -1,4 +1,4 @@
-"""Flow 22: DRA for real (issue 31, item 1): the DRA example driver on the node.
+"""Flow 25: DRA for real (issue 31, item 1): the DRA example driver on the node.
 
 The driver (tests/k8s/dradriver.py: `sigs.k8s.io/dra-example-driver` v0.4.0 built from
 its Go module) publishes two GPUs as `gpu.example.com`, and the fake NVML shows the
