@@ -128,7 +128,7 @@ def test_a_pod_with_a_resource_claim_runs_with_what_cdi_injects(
         assert f"GPU_DEVICE_{number}={device}" in env, env
         key = device.upper().replace("-", "_")
         assert f"GPU_DEVICE_{key}_RESOURCE_CLAIM={uid}" in env, env
-        specs = [p.read_text() for p in Path(CDI_DIRS[1]).glob("*.json")]
+        specs = [p.read_text() for p in Path(CDI_DIRS[1]).iterdir() if p.is_file()]
         assert any(uid in spec for spec in specs), specs
         # The kubelet reports the prepared device in PodResources (dynamic_resources).
         assert dra_pod_resources()[("default", pod)] == [device]
