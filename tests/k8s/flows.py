@@ -96,6 +96,8 @@ class Release:
     gpus: Gpus
     hardened: bool = False
     driver: dict[str, Any] = field(default_factory=dict)  # the chart's driver.* values
+    dra: dict[str, Any] = field(default_factory=dict)  # the chart's dra.* values
+    nvml_config: str = "gpus.conf"  # in gpus.nvml_dir: which GPUs the fake NVML shows
     values_file: Path = field(init=False)
 
     def values(self) -> dict[str, Any]:
@@ -117,7 +119,7 @@ class Release:
             "extraVolumeMounts": [{"name": "fake-nvml", "mountPath": NVML_MOUNT, "readOnly": True}],
             "extraEnv": [
                 {"name": "LD_LIBRARY_PATH", "value": NVML_MOUNT},
-                {"name": "FAKE_NVML_CONFIG", "value": f"{NVML_MOUNT}/gpus.conf"},
+                {"name": "FAKE_NVML_CONFIG", "value": f"{NVML_MOUNT}/{self.nvml_config}"},
                 # GPU utilization the tests write (issue 20); no file: every GPU is idle
                 {"name": "FAKE_NVML_ACTIVITY", "value": f"{NVML_MOUNT}/{NVML_ACTIVITY}"},
             ],
@@ -134,6 +136,7 @@ class Release:
                 ]
             },
             **({"driver": self.driver} if self.driver else {}),
+            **({"dra": self.dra} if self.dra else {}),
         }
 
     def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -164,6 +167,13 @@ class Release:
         """The chart's driver.* values (flow 18); {}: the chart's defaults."""
         if driver != self.driver:
             self.driver = driver
+            self.upgrade()
+
+    def set_dra(self, dra: dict[str, Any], nvml_config: str) -> None:
+        """The chart's dra.* values and the fake NVML's GPUs (tests/k8s/test_25_dra.py);
+        {} and gpus.conf: the defaults."""
+        if (dra, nvml_config) != (self.dra, self.nvml_config):
+            self.dra, self.nvml_config = dra, nvml_config
             self.upgrade()
 
     def upgrade(self) -> None:
