@@ -113,7 +113,7 @@ class DriverInjection:
             return
         with self.placer(container, check) as placer:
             addition = None
-            if not unasked or (sources.container_needs_driver(placer) and not placer.read_only()):
+            if not unasked or placer.auto_brings_driver():
                 try:
                     plan = sources.plan_for(found, placer)
                     # A target that holds something else (the image's own nvidia-smi)

@@ -167,8 +167,3 @@ def plan_for(found: DriverSet, placer: DriverPlacer) -> DriverPlan:
             "not bound, not a driver library, tool or firmware: " + ", ".join(found.ignored_mounts)
         )
     return DriverPlan(found.binds + links, env, found.origin, found.ignored_hooks, notes)
-
-
-def container_needs_driver(placer: DriverPlacer) -> bool:
-    """`auto`: no libcuda.so.1 where the container's linker would look."""
-    return not files.has_soname(placer.found("libcuda.so.1"), placer.ld_cache())
