@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hotmount.devices import cdi
@@ -80,37 +79,40 @@ def driver_set(
 # path -> (the file's text when parsed, the spec): the YAML is parsed again only when
 # the text differs (`auto` asks on every mount; parsing was ~1.5 ms of each).
 _parsed: dict[str, tuple[str, dict[str, Any]]] = {}
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 def _specs(host: HostRoot, cdi_dirs: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
     """Every spec in `cdi_dirs`, as read-only dicts shared between calls."""
     found = []
     for directory in cdi_dirs:
-        spec_dir = host.path(directory)
-        if not spec_dir.is_dir():
+        try:
+            entries = sorted(os.scandir(host.path(directory)), key=lambda e: e.name)
+        except OSError:  # no such directory (yet), or not one
             continue
-        for path in sorted(spec_dir.iterdir()):
-            if path.suffix in (".yaml", ".yml", ".json") and path.is_file():
+        for entry in entries:
+            if os.path.splitext(entry.name)[1] in SPEC_SUFFIXES and entry.is_file():
                 try:
-                    found.append((str(path), _spec(path)))
+                    found.append((entry.path, _spec(entry.path)))
                 except cdi.CdiError as exc:
-                    log.warning("ignoring CDI spec %s: %s", path, exc)
+                    log.warning("ignoring CDI spec %s: %s", entry.path, exc)
     for gone in _parsed.keys() - {path for path, _ in found}:
         _parsed.pop(gone, None)
     return found
 
 
-def _spec(path: Path) -> dict[str, Any]:
+def _spec(path: str) -> dict[str, Any]:
     """The spec at `path`: the file is read every time, parsed only when its text changed."""
     try:
-        text = path.read_text()
-    except OSError as exc:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except (OSError, ValueError) as exc:
         raise cdi.CdiError(f"unreadable: {exc}") from exc
-    hit = _parsed.get(str(path))
+    hit = _parsed.get(path)
     if hit is not None and hit[0] == text:
         return hit[1]
-    spec = cdi.parse(text, path.suffix)
-    _parsed[str(path)] = (text, spec)
+    spec = cdi.parse(text, os.path.splitext(path)[1])
+    _parsed[path] = (text, spec)
     return spec
 
 
