@@ -252,11 +252,21 @@ def bench_fake_cluster(args: argparse.Namespace) -> None:
             found = zipapp_commands(args.pyz, installed, config, system_python)
             report_zipapp(*measure(found, args.iterations, env))
             return
+        cwds = {}
         if args.before:
             # `python -m` puts the working directory first on sys.path: the old tree's.
+            # Interleaved with the others (one round-robin), so load falls on both alike.
             old = extract(args.before, work / "before")
-            report(f"before: cli/ of {args.before}", *measure(found, args.iterations, env, old))
-        report("now", *measure(found, args.iterations, env))
+            for name in [n for n in found if n.startswith("nvcli")]:
+                found[f"{name} before: {args.before}"] = found[name]
+                cwds[f"{name} before: {args.before}"] = old
+        wall, cpu = measure(found, args.iterations, env, cwds=cwds)
+        report("now" + (f", and before: {args.before}" if args.before else ""), wall, cpu)
+        for name in [n for n in found if n.startswith("nvcli") and " before: " not in n]:
+            for kind, samples in (("wall", wall), ("CPU", cpu)) if args.before else ():
+                now, then = samples[name], samples[f"{name} before: {args.before}"]
+                ratio = percentile(now, 50) / percentile(then, 50)
+                print(f"{f'ratio now / before p50, {name} ({kind})':<64} {ratio:8.2f}x")
     finally:
         cluster.close()
         shutil.rmtree(work, ignore_errors=True)
