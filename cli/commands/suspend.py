@@ -10,7 +10,6 @@ load when a command runs (tests/cli/test_imports.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -18,6 +17,7 @@ import typer
 from cli.options import Common
 from cli.output import Waiting, render
 from cli.reach import UsageError, make_client, namespace_of
+from cli.wiring import with_common
 
 Name = Annotated[str | None, typer.Option("--name", metavar="POD", help="the pod")]
 Container = Annotated[
@@ -25,12 +25,7 @@ Container = Annotated[
 ]
 
 
-def register(app: typer.Typer, with_common: Callable[..., Callable[..., None]]) -> None:
-    """Add `suspend` and `resume` to nvcli's root (cli/main.py)."""
-    app.command("suspend")(with_common(suspend))
-    app.command("resume")(with_common(resume))
-
-
+@with_common
 def suspend(
     opts: Common,
     name: Name = None,
@@ -72,6 +67,7 @@ def suspend(
     )
 
 
+@with_common
 def resume(
     opts: Common,
     name: Name = None,
