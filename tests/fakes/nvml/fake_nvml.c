@@ -658,3 +658,5 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     return NVML_SUCCESS;
 }
 /* ---- end of utilization */
+
+#include "fake_nvml_device_plugin.c"
