@@ -119,18 +119,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         TIMINGS["tier total"] = time.monotonic() - tier_start
 
 
-DEVICE_PLUGIN_ENV = "HOTMOUNT_K8S_DEVICE_PLUGIN"
-
-
-def device_plugin_choice() -> str:
-    """HOTMOUNT_K8S_DEVICE_PLUGIN: `nvidia` or `fake`; by default NVIDIA's on 1.37."""
-    default = "fake" if cluster.stack_version() == "1.20" else "nvidia"
-    choice = os.environ.get(DEVICE_PLUGIN_ENV, "").strip() or default
-    if choice not in ("nvidia", "fake"):
-        raise ValueError(f"{DEVICE_PLUGIN_ENV}={choice!r}: nvidia or fake")
-    return choice
-
-
 @pytest.fixture(scope="package")
 def gpus(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[flows.Gpus]:
     """A device plugin and the fake NVML, with the same UUIDs."""
@@ -139,7 +127,7 @@ def gpus(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[flows
         directory = tmp_path_factory.mktemp("fake-nvml")
         fake_nvml.build(directory)
         fake_nvml.write_config(directory / "gpus.conf", flows.NVML_GPUS)
-        if device_plugin_choice() == "nvidia":
+        if nvidia.selected():
             with _Timer("nvidia-device-plugin build (cached after the first)"):
                 binary = nvidia.build()
             plugin = nvidia.NvidiaDevicePlugin(binary, directory, flows.NVML_GPUS, node.workdir)

@@ -14,9 +14,16 @@
  *     nvmlDeviceGetTopologyCommonAncestor NVML_TOPOLOGY_NODE (PCIe, the same CPU)
  *     nvmlDeviceGetNvLinkState           NOT_SUPPORTED (no NVLink: every link skipped)
  *
- * The plugin's health checks (nvmlEventSet*) are not served: run it with
- * DP_DISABLE_HEALTHCHECKS=all.
+ * and, for its health checks (a goroutine that waits for XID events, 5 s at a time):
+ *
+ *     nvmlEventSetCreate, nvmlEventSetFree
+ *     nvmlDeviceGetSupportedEventTypes   XID critical errors, single- and double-bit ECC
+ *     nvmlDeviceRegisterEvents
+ *     nvmlEventSetWait(_v2)              no event ever: NVML_ERROR_TIMEOUT after the timeout
+ *
+ * so the plugin runs with its health checks on and every GPU stays Healthy.
  */
+#include <time.h>
 
 /* nvml.h: nvmlMemory_t (v1: what nvmlDeviceGetMemoryInfo fills). */
 typedef struct nvmlMemory_st {
@@ -96,4 +103,74 @@ nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, in
     if (!valid(device) || !isActive)
         return NVML_ERROR_INVALID_ARGUMENT;
     return FAKE_NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* ---- Events: an event set that never fires (a GPU with no XIDs, no ECC errors). ---- */
+#define FAKE_NVML_ERROR_TIMEOUT ((nvmlReturn_t)10) /* NVML_ERROR_TIMEOUT */
+#define FAKE_EVENT_TYPES (0x8ULL | 0x2ULL | 0x1ULL) /* XidCritical | DoubleBitEcc | SingleBitEcc */
+
+/* nvml.h: nvmlEventData_t (what nvmlEventSetWait_v2 fills when an event comes). */
+typedef struct nvmlEventData_st {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+_Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t");
+
+struct nvmlEventSet_st {
+    unsigned long long registered; /* the union of the types registered, for show */
+};
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *set = calloc(1, sizeof **set);
+    return *set ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    free(set);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!(valid(device) || is_mig(device)) || !types)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *types = FAKE_EVENT_TYPES;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types,
+                                      nvmlEventSet_t set) {
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!(valid(device) || is_mig(device)) || !set || (types & ~FAKE_EVENT_TYPES))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    set->registered |= types;
+    return NVML_SUCCESS;
+}
+
+/* No event comes: the wait lasts its timeout, as the driver's does on a healthy GPU. */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    struct timespec wait = {timeoutms / 1000, (long)(timeoutms % 1000) * 1000000L};
+    if (!refcount)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set || !data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    while (nanosleep(&wait, &wait) != 0)
+        ;
+    return FAKE_NVML_ERROR_TIMEOUT;
+}
+
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    return nvmlEventSetWait_v2(set, data, timeoutms);
 }

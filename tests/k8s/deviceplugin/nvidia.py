@@ -12,7 +12,9 @@ the same UUIDs. Its settings:
 - `--pass-device-specs` with `--dev-root`: a container is also given `/dev/nvidia<minor>`,
   from character devices 195:<minor> made here (there is no driver: opening one answers
   ENXIO, as the agent's hot-mounted ones do).
-- `DP_DISABLE_HEALTHCHECKS=all`: the fake serves no NVML events (nvmlEventSet*).
+- Health checks on: the fake serves NVML's event set and no event ever comes (no XID),
+  so every GPU stays Healthy. (Without nvmlEventSetCreate the plugin died at its first
+  health check with "undefined symbol": DP_DISABLE_HEALTHCHECKS=all would have been needed.)
 
     plugin = NvidiaDevicePlugin(binary, nvml_dir, gpus, workdir).start()
     plugin.stop()
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import FakeGpu
+from tests.k8s.node import cluster
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "node" / "nvidia-device-plugin" / "build.sh"
 NVIDIA_MAJOR = 195  # the driver's character device major (/dev/nvidia<minor>)
@@ -38,6 +41,20 @@ FLAGS = (
     "--pass-device-specs",
     "--fail-on-init-error=true",
 )
+
+
+CHOICE_ENV = "HOTMOUNT_K8S_DEVICE_PLUGIN"
+
+
+def selected() -> bool:
+    """Whether this plugin serves `nvidia.com/gpu` on the tier: HOTMOUNT_K8S_DEVICE_PLUGIN
+    `nvidia` or `fake` (tests/k8s/deviceplugin's FakeGpuPlugin); NVIDIA's by default on
+    1.37, the fake on 1.20 (whose kubelet the plugin was never run against here)."""
+    default = "fake" if cluster.stack_version() == "1.20" else "nvidia"
+    choice = os.environ.get(CHOICE_ENV, "").strip() or default
+    if choice not in ("nvidia", "fake"):
+        raise ValueError(f"{CHOICE_ENV}={choice!r}: nvidia or fake")
+    return choice == "nvidia"
 
 
 def build() -> Path:
@@ -70,7 +87,6 @@ class NvidiaDevicePlugin:
     def start(self) -> NvidiaDevicePlugin:
         self._make_device_nodes()
         env = fake_nvml.env(self.nvml_dir, self.nvml_dir / "gpus.conf")
-        env["DP_DISABLE_HEALTHCHECKS"] = "all"
         with self.log.open("ab") as log:
             self._process = subprocess.Popen(
                 [str(self.binary), *FLAGS, f"--dev-root={self.dev_root}"],
