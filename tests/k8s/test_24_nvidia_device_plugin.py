@@ -31,7 +31,7 @@ def test_an_ordinary_gpu_pod_gets_the_gpu_of_its_books_from_nvidias_plugin(
     node.apply(flows.gpu_pod_manifest(name, 1))
     try:
         (uuid,) = flows.given_to(node, name)
-        visible = node.kubectl("exec", name, "--", "printenv", "NVIDIA_VISIBLE_DEVICES")
+        visible = node.kubectl("exec", name, "--", "sh", "-c", 'echo "$NVIDIA_VISIBLE_DEVICES"')
         assert visible.stdout.strip() == uuid, visible.stdout
         (other,) = [gpu.uuid for gpu in NVML_GPUS if gpu.uuid != uuid]
         assert flows.device_state(node, name, MINOR[uuid]) == GRANTED
