@@ -3,9 +3,9 @@
 People: `alice` holds the ClusterRole `hotmount-user` through a RoleBinding in
 `default` only (the way a namespace admin grants it); `bob` holds nothing. Both
 authenticate with their own kubeconfig and a bearer token, as a person would.
-GPUs: two, known to the kubelet through the fake device plugin and to the agent
-through the fake NVML, by the same UUIDs. There is no driver: a device node that
-the cgroup lets open answers ENXIO, one it denies answers EPERM.
+GPUs: two, known to the agent through the fake NVML and to the kubelet through a device
+plugin (NVIDIA's own on that NVML, or the fake one: conftest), by the same UUIDs. There
+is no driver: a device node that the cgroup lets open answers ENXIO, one it denies EPERM.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from agent.podresources.client import PodResourcesClient
 from tests.deploy.support import helm_binary
 from tests.fakes.nvml import FakeGpu
 from tests.k8s.deviceplugin import FakeGpuPlugin
+from tests.k8s.deviceplugin.nvidia import NvidiaDevicePlugin
 from tests.k8s.node.cluster import BUSYBOX_IMAGE, CGROUP_ROOT, NODE_NAME, PAUSE_IMAGE, Node, run
 from tests.support.image import AgentImage
 
@@ -54,7 +55,7 @@ PIN_SELECTOR = "app.kubernetes.io/managed-by=gpu-hotmount,hotmount.io/role=pin"
 @dataclass
 class Gpus:
     nvml_dir: Path
-    plugin: FakeGpuPlugin
+    plugin: FakeGpuPlugin | NvidiaDevicePlugin
 
 
 # ---- waiting -------------------------------------------------------------------

@@ -16,6 +16,9 @@
  *
  * `slot` is its index under the parent (default: the next free one; NVML's indexes may
  * have holes); the profile gives the name's suffix and the attributes' slice counts.
+ *
+ * NVIDIA's device plugin (k8s-device-plugin, through go-nvml) calls more: those are in
+ * fake_nvml_device_plugin.c, #included at the end, with the list.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -674,3 +677,5 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     return NVML_SUCCESS;
 }
 /* ---- end of utilization */
+
+#include "fake_nvml_device_plugin.c"
