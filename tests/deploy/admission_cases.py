@@ -89,6 +89,18 @@ def _env_from(source: Obj) -> Obj:
     return {"name": "LEAK", "valueFrom": source}
 
 
+def _mounted_volume(pod: Obj) -> None:
+    """A mount needs its volume, or the API server's own validation refuses the pod."""
+    pod["spec"]["volumes"] = [{"name": "x", "emptyDir": {}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "x", "mountPath": "/x"}]
+
+
+def _unmasked_proc(pod: Obj) -> None:
+    """The API server allows an unmasked /proc only in a user namespace (hostUsers false)."""
+    pod["spec"]["hostUsers"] = False
+    pod["spec"]["containers"][0]["securityContext"] = {"procMount": "Unmasked"}
+
+
 def _second_owner(pod: Obj) -> None:
     refs = pod["metadata"]["ownerReferences"]
     refs.append({**refs[0], "name": "other", "uid": str(uuid.uuid4())})
@@ -244,7 +256,9 @@ HOSTILE: dict[str, tuple[Change, str]] = {
         "runtimeClassName",
     ),
     "another resource (an SR-IOV VF)": (
-        _set("spec.containers.0.resources.limits", {"intel.com/sriov": "1"}),
+        lambda pod: pod["spec"]["containers"][0]["resources"]["limits"].update(
+            {"intel.com/sriov": "1"}
+        ),
         "cpu, memory and the GPU resource only",
     ),
     "pod-level resources": (_set("spec.resources", {"limits": {"cpu": "1"}}), "cpu, memory"),
@@ -267,10 +281,7 @@ HOSTILE: dict[str, tuple[Change, str]] = {
     "another label": (_set("metadata.labels.app", "db"), "metadata is the agent's"),
     "a name that is no holder's": (_set("metadata.name", "db-0"), "metadata is the agent's"),
     "a finalizer": (_set("metadata.finalizers", ["example.com/keep"]), "metadata is the agent's"),
-    "volumeMounts": (
-        _set("spec.containers.0.volumeMounts", [{"name": "x", "mountPath": "/x"}]),
-        "bare",
-    ),
+    "volumeMounts": (_mounted_volume, "bare"),
     "tty": (_set("spec.containers.0.tty", True), "bare"),
     "a sidecar restartPolicy": (_set("spec.containers.0.restartPolicy", "Always"), "bare"),
     "workingDir": (_set("spec.containers.0.workingDir", "/"), "bare"),
@@ -283,10 +294,7 @@ HOSTILE: dict[str, tuple[Change, str]] = {
         _set("spec.serviceAccount", "admin"),
         "default ServiceAccount",
     ),
-    "procMount Unmasked": (
-        _set("spec.containers.0.securityContext", {"procMount": "Unmasked"}),
-        "loosens no confinement",
-    ),
+    "procMount Unmasked": (_unmasked_proc, "loosens no confinement"),
     "seccomp Unconfined": (
         _set("spec.containers.0.securityContext", {"seccompProfile": {"type": "Unconfined"}}),
         "loosens no confinement",
@@ -320,6 +328,19 @@ def _exactly(**changes: Any) -> Change:
     return change
 
 
+def _all_devices(claim: Obj) -> None:
+    """All of the class's devices (a count with it is invalid)."""
+    exactly = claim["spec"]["devices"]["requests"][0]["exactly"]
+    del exactly["count"]
+    exactly["allocationMode"] = "All"
+
+
+def _first_available(claim: Obj) -> None:
+    """A list of alternatives instead of `exactly` (both at once is invalid)."""
+    alternatives = [{"name": "a", "deviceClassName": "gpu.nvidia.com"}]
+    claim["spec"]["devices"]["requests"][0] = {"name": "gpu", "firstAvailable": alternatives}
+
+
 def _second_request(claim: Obj) -> None:
     requests = claim["spec"]["devices"]["requests"]
     requests.append({**requests[0], "name": "more"})
@@ -328,7 +349,7 @@ def _second_request(claim: Obj) -> None:
 HOSTILE_CLAIMS: dict[str, tuple[Change, str]] = {
     "admin access": (_exactly(adminAccess=True), "no admin access"),
     "another device class": (_exactly(deviceClassName="sriov.example.com"), "NVIDIA's classes"),
-    "all devices": (_exactly(allocationMode="All"), "exactly one"),
+    "all devices": (_all_devices, "exactly one"),
     "two devices": (_exactly(count=2), "exactly one"),
     "any device": (_exactly(selectors=[{"cel": {"expression": "true"}}]), "by its UUID alone"),
     "a UUID or anything": (
@@ -339,17 +360,15 @@ HOSTILE_CLAIMS: dict[str, tuple[Change, str]] = {
     "a taint toleration": (_exactly(tolerations=[{"operator": "Exists"}]), "tolerations"),
     "capacity": (_exactly(capacity={"requests": {"memory": "1Gi"}}), "capacity"),
     "a second request": (_second_request, "exactly one"),
-    "first available": (
-        lambda c: c["spec"]["devices"]["requests"][0].update(
-            firstAvailable=[{"name": "a", "deviceClassName": "gpu.nvidia.com"}]
-        ),
-        "exactly one",
-    ),
+    "first available": (_first_available, "exactly one"),
     "driver configuration": (
         _set("spec.devices.config", [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {}}}]),
         "configuration",
     ),
-    "constraints": (_set("spec.devices.constraints", [{"matchAttribute": "x"}]), "constraints"),
+    "constraints": (
+        _set("spec.devices.constraints", [{"matchAttribute": "gpu.nvidia.com/productName"}]),
+        "constraints",
+    ),
     "not a pin": (
         lambda c: c["metadata"]["labels"].update({"hotmount.io/role": "count"}),
         "only create or delete",

@@ -1,0 +1,337 @@
+"""Flow 22: the chart's ValidatingAdmissionPolicies, enforced by the API server itself.
+
+tests/deploy/test_admission_policy.py runs the policies' CEL in cel-python (the fast
+check). Here the chart's own policies, installed by `helm install` (admissionPolicy.enabled
+auto), judge what the agent's ServiceAccount sends: impersonated from the admin's
+kubeconfig, the way `kubectl --as` does. The objects are the agent's own, built by its
+code with the release's flags for a real pod on the node, and each is admitted unchanged
+(and deleted again): so a refusal of a variant from the shared table
+(tests/deploy/admission_cases.py) is the policy's doing, not the shape's.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from agent.kube.client import PodInfo
+from tests.deploy.admission_cases import HOSTILE, HOSTILE_CLAIMS, Obj, agents_objects
+from tests.deploy.support import agent_argv
+from tests.k8s import flows
+from tests.k8s.flows import NVML_GPUS
+from tests.k8s.node.cluster import Node
+
+POD_POLICY = f"{flows.RELEASE}-holder-pods"
+CLAIM_POLICY = f"{flows.RELEASE}-pin-claims"
+# The issue's sample: each must be refused by the policy itself, not before it.
+REQUIRED_SAMPLE = (
+    "env secretKeyRef",
+    "envFrom secretRef",
+    "nodeName",
+    "readiness probe exec",
+    "hostAliases",
+    "another ServiceAccount",
+    "privileged",
+)
+# Variants the API server refuses before validating admission runs (its own validation of
+# the object): they never reach the policy. The part of its error that says why.
+REFUSED_BEFORE_THE_POLICY = {
+    "ephemeral container at creation": "spec.ephemeralContainers: Forbidden: cannot be set",
+    "Windows hostProcess": "hostNetwork must be true if pod contains any hostProcess",
+}
+REFUSED_BEFORE_THE_POLICY_CLAIMS = {
+    "admin access": "requires the `resource.kubernetes.io/admin-access: true` label",
+}
+# Variants another validation of the policy refuses first: the API server reports only the
+# first that fails, cel-python's table all of them. Case to that validation's words.
+# The ServiceAccount admission plugin mounts the token (a projected volume) into a pod
+# that does not turn automounting off, before validation: the container is not bare.
+FIRST_REFUSED_BY_ANOTHER_RULE = {
+    "token automount on": "a holder's container is bare",
+    "token automount unset": "a holder's container is bare",
+}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the API server answered a create: its HTTP status and message."""
+
+    status: int
+    message: str
+
+    def refused_by(self, policy: str) -> str | None:
+        """The denying validation's message, if `policy` refused the request."""
+        said = f"ValidatingAdmissionPolicy '{policy}' with binding '{policy}' denied request: "
+        if self.status != 403 or said not in self.message:
+            return None
+        return self.message.split(said, 1)[1]
+
+
+@dataclass
+class AsAgent:
+    """The API as the agent's ServiceAccount (the admin impersonating it)."""
+
+    core: client.CoreV1Api
+    resource: client.ResourceV1Api
+
+    def create(self, obj: Obj) -> Answer:
+        namespace = obj["metadata"]["namespace"]
+        try:
+            if obj["kind"] == "Pod":
+                self.core.create_namespaced_pod(namespace, obj, _preload_content=False)
+            else:
+                self.resource.create_namespaced_resource_claim(
+                    namespace, obj, _preload_content=False
+                )
+        except ApiException as error:
+            return Answer(error.status, json.loads(error.body or "{}").get("message", ""))
+        return Answer(201, "")
+
+    def delete(self, obj: Obj) -> Answer:
+        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        try:
+            if obj["kind"] == "Pod":
+                self.core.delete_namespaced_pod(
+                    name, namespace, grace_period_seconds=0, _preload_content=False
+                )
+            else:
+                self.resource.delete_namespaced_resource_claim(
+                    name, namespace, _preload_content=False
+                )
+        except ApiException as error:
+            return Answer(error.status, json.loads(error.body or "{}").get("message", ""))
+        return Answer(200, "")
+
+
+@pytest.fixture(scope="module")
+def release(node: Node, hotmount: flows.Release) -> flows.Release:
+    if node.stack.minor < 30:
+        pytest.skip(f"Kubernetes 1.{node.stack.minor} serves no ValidatingAdmissionPolicy")
+    return hotmount
+
+
+@pytest.fixture(scope="module")
+def daemonset(node: Node, release: flows.Release) -> Obj:
+    found = node.kubectl("get", "daemonset", flows.RELEASE, "-n", flows.NAMESPACE, "-o", "json")
+    return dict(json.loads(found.stdout))
+
+
+@pytest.fixture(scope="module")
+def as_agent(node: Node, daemonset: Obj) -> Iterator[AsAgent]:
+    account = daemonset["spec"]["template"]["spec"]["serviceAccountName"]
+    api = config.new_client_from_config(config_file=str(node.kubeconfigs["admin"]))
+    api.set_default_header("Impersonate-User", f"system:serviceaccount:{flows.NAMESPACE}:{account}")
+    try:
+        yield AsAgent(client.CoreV1Api(api), client.ResourceV1Api(api))
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="module")
+def target(node: Node, release: flows.Release) -> Iterator[PodInfo]:
+    """A running pod in `default`: the owner of every object sent here."""
+    with flows.running_pod(node, flows.pod_manifest(flows.new_name("vap-target"))) as name:
+        pod = flows.get_pod(node, name)
+        assert pod is not None
+        yield PodInfo(
+            namespace="default", name=name, uid=pod["metadata"]["uid"],
+            node_name=pod["spec"]["nodeName"], phase="Running", containers=[],
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def agents(daemonset: Obj, target: PodInfo) -> Any:
+    """A fresh set of the agent's objects for `target`, with the release's flags."""
+    argv = agent_argv(daemonset)
+    return lambda: agents_objects(argv, target)
+
+
+@pytest.fixture(scope="module")
+def named_by_variants(node: Node, agents: Any) -> Iterator[None]:
+    """The ServiceAccounts and RuntimeClasses the variants name exist, as in a cluster an
+    attacker picks them from: else the ServiceAccount and RuntimeClass admission plugins
+    refuse the pod before the policy is asked."""
+    accounts, runtimes = set(), set()
+    for change, _ in HOSTILE.values():
+        pod = agents()[0]["count holder"]
+        change(pod)
+        spec = pod["spec"]
+        accounts |= {spec.get("serviceAccountName"), spec.get("serviceAccount")} - {None, "default"}
+        runtimes |= {spec.get("runtimeClassName")} - {None}
+    made = [("serviceaccount", a, "default") for a in accounts]
+    for name in sorted(accounts):
+        node.kubectl("create", "serviceaccount", name, "-n", "default")
+    for name in sorted(runtimes):
+        node.apply({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                    "metadata": {"name": name}, "handler": name})  # fmt: skip
+    try:
+        yield
+    finally:
+        for kind, name, namespace in made:
+            node.kubectl("delete", kind, name, "-n", namespace, "--ignore-not-found")
+        for name in runtimes:
+            node.kubectl("delete", "runtimeclass", name, "--ignore-not-found")
+
+
+def _remove(node: Node, obj: Obj) -> None:
+    """An object that was admitted, gone at once (as the admin)."""
+    kind = "pod" if obj["kind"] == "Pod" else "resourceclaim"
+    node.kubectl("delete", kind, obj["metadata"]["name"], "-n", obj["metadata"]["namespace"],
+                 "--ignore-not-found", "--grace-period=0", "--force", "--wait=false")  # fmt: skip
+
+
+# ---- the policies are the chart's, and the API server type-checked them --------------
+
+
+def test_the_chart_installed_both_policies_and_their_bindings(
+    node: Node, release: flows.Release
+) -> None:
+    def helm_managed(kind: str) -> dict[str, Obj]:
+        found = json.loads(node.kubectl("get", kind, "-o", "json").stdout)["items"]
+        return {
+            o["metadata"]["name"]: o
+            for o in found
+            if o["metadata"].get("annotations", {}).get("meta.helm.sh/release-name")
+            == flows.RELEASE
+        }
+
+    policies = helm_managed("validatingadmissionpolicies")
+    bindings = helm_managed("validatingadmissionpolicybindings")
+    assert set(policies) == set(bindings) == {POD_POLICY, CLAIM_POLICY}
+    for name, binding in bindings.items():
+        assert binding["spec"]["policyName"] == name
+        assert binding["spec"]["validationActions"] == ["Deny"]
+    for policy in policies.values():
+        assert policy["spec"]["failurePolicy"] == "Fail"
+
+    def type_checked() -> list[Obj] | None:
+        found = [json.loads(node.kubectl("get", "validatingadmissionpolicy", name, "-o",
+                                         "json").stdout) for name in policies]  # fmt: skip
+        done = all(
+            p.get("status", {}).get("observedGeneration") == p["metadata"]["generation"]
+            for p in found
+        )
+        return found if done else None
+
+    # kube-controller-manager type-checks every expression against the OpenAPI schema
+    checked = flows.wait_for("the policies are type-checked", type_checked, 60)
+    for policy in checked:
+        warnings = policy["status"].get("typeChecking", {}).get("expressionWarnings", [])
+        assert warnings == [], (policy["metadata"]["name"], warnings)
+
+
+# ---- the agent's own objects are admitted ----------------------------------------------
+
+
+def test_a_mount_by_name_makes_its_scouts_and_pin_under_the_policy(
+    node: Node, release: flows.Release, target: PodInfo
+) -> None:
+    """The agent itself, as it runs: a GPU by name takes scouts and keeps a pin."""
+    flows.nvcli_ok(node, "alice", "mount", "--name", target.name, "--mount", "0")
+    try:
+        pin = flows.the_pin(node, target.name)
+        assert pin["metadata"]["ownerReferences"][0]["uid"] == target.uid
+        assert flows.mounted_uuids(node, "alice", target.name) == [NVML_GPUS[0].uuid]
+    finally:
+        flows.nvcli_ok(node, "alice", "unmount", "--name", target.name, "--all")
+
+
+def test_every_object_the_agent_makes_is_admitted_and_may_be_deleted(
+    node: Node, as_agent: AsAgent, agents: Any
+) -> None:
+    """Count holder, scout, pin and DRA pin, the GPU and MIG claims: created as the agent
+    and deleted as the agent (a DRA pin's claim first, as the agent makes them)."""
+    pods, claims = agents()
+    ordered = [claims["GPU claim"], claims["MIG claim"], *pods.values()]
+    created: list[Obj] = []
+    try:
+        for obj in ordered:
+            answer = as_agent.create(obj)
+            assert answer.status == 201, (obj["metadata"]["name"], answer)
+            created.append(obj)
+        for obj in reversed(created):
+            answer = as_agent.delete(obj)
+            assert answer.status in (200, 202, 404), (obj["metadata"]["name"], answer)
+    finally:
+        for obj in created:
+            _remove(node, obj)
+
+
+def test_the_agent_may_not_change_a_holders_spec_or_delete_another_pod(
+    node: Node, as_agent: AsAgent, agents: Any, target: PodInfo
+) -> None:
+    holder = agents()[0]["scout"]
+    assert as_agent.create(holder).status == 201
+    try:
+        name = holder["metadata"]["name"]
+        try:
+            as_agent.core.patch_namespaced_pod(
+                name, "default", {"spec": {"activeDeadlineSeconds": 5}}
+            )
+            patched = Answer(200, "")
+        except ApiException as error:
+            patched = Answer(error.status, json.loads(error.body or "{}").get("message", ""))
+        assert "labels and owner reference only" in (patched.refused_by(POD_POLICY) or ""), patched
+    finally:
+        _remove(node, holder)
+    tenant = {"kind": "Pod", "metadata": {"name": target.name, "namespace": "default"}}
+    refused = as_agent.delete(tenant).refused_by(POD_POLICY) or ""
+    assert "only create, change or delete holder pods" in refused
+    assert flows.get_pod(node, target.name) is not None
+
+
+# ---- hostile variants, refused by the API server -----------------------------------------
+
+
+def _attempt(node: Node, as_agent: AsAgent, obj: Obj) -> Answer:
+    answer = as_agent.create(obj)
+    if answer.status == 201:
+        _remove(node, obj)
+    return answer
+
+
+def _expect_refused(
+    case: str, answer: Answer, policy: str, reason: str, before: dict[str, str]
+) -> None:
+    if case in before:
+        assert answer.status != 201 and answer.refused_by(policy) is None, (case, answer)
+        assert before[case] in answer.message, (case, answer)
+        return
+    assert answer.status != 201, f"{case} was admitted"
+    denied = answer.refused_by(policy)
+    assert denied is not None, f"{case}: not refused by the policy: {answer}"
+    assert FIRST_REFUSED_BY_ANOTHER_RULE.get(case, reason) in denied, (case, denied)
+
+
+def test_the_issues_sample_is_refused_by_the_policy_itself() -> None:
+    exceptions = {*REFUSED_BEFORE_THE_POLICY, *FIRST_REFUSED_BY_ANOTHER_RULE}
+    assert set(REQUIRED_SAMPLE) <= set(HOSTILE) - exceptions
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE), ids=sorted(HOSTILE))
+def test_a_hostile_pod_from_the_agent_is_refused_by_the_api_server(
+    case: str, node: Node, as_agent: AsAgent, agents: Any, named_by_variants: None
+) -> None:
+    change, reason = HOSTILE[case]
+    pod = copy.deepcopy(agents()[0]["count holder"])
+    change(pod)
+    answer = _attempt(node, as_agent, pod)
+    _expect_refused(case, answer, POD_POLICY, reason, REFUSED_BEFORE_THE_POLICY)
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_CLAIMS), ids=sorted(HOSTILE_CLAIMS))
+def test_a_hostile_claim_from_the_agent_is_refused_by_the_api_server(
+    case: str, node: Node, as_agent: AsAgent, agents: Any
+) -> None:
+    change, reason = HOSTILE_CLAIMS[case]
+    claim = agents()[1]["GPU claim"]
+    change(claim)
+    answer = _attempt(node, as_agent, claim)
+    _expect_refused(case, answer, CLAIM_POLICY, reason, REFUSED_BEFORE_THE_POLICY_CLAIMS)
