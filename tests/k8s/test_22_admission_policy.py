@@ -6,7 +6,9 @@ auto), judge what the agent's ServiceAccount sends: impersonated from the admin'
 kubeconfig, the way `kubectl --as` does. The objects are the agent's own, built by its
 code with the release's flags for a real pod on the node, and each is admitted unchanged
 (and deleted again): so a refusal of a variant from the shared table
-(tests/deploy/admission_cases.py) is the policy's doing, not the shape's.
+(tests/deploy/admission_cases.py) is the policy's doing, not the shape's. Each answer is
+compared with cel-python's (tests/deploy/admission.py) for the same object and the policy
+as installed: where the two differ, this file says so (FIRST_REFUSED_BY_ANOTHER_RULE).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from agent.kube.client import PodInfo
+from tests.deploy.admission import admission_request, denials
 from tests.deploy.admission_cases import HOSTILE, HOSTILE_CLAIMS, Obj, agents_objects
 from tests.deploy.support import agent_argv
 from tests.k8s import flows
@@ -30,6 +33,10 @@ from tests.k8s.node.cluster import Node
 
 POD_POLICY = f"{flows.RELEASE}-holder-pods"
 CLAIM_POLICY = f"{flows.RELEASE}-pin-claims"
+RESOURCES = {
+    "Pod": ("", "v1", "pods"),
+    "ResourceClaim": ("resource.k8s.io", "v1", "resourceclaims"),
+}
 # The issue's sample: each must be refused by the policy itself, not before it.
 REQUIRED_SAMPLE = (
     "env secretKeyRef",
@@ -49,8 +56,9 @@ REFUSED_BEFORE_THE_POLICY = {
 REFUSED_BEFORE_THE_POLICY_CLAIMS = {
     "admin access": "requires the `resource.kubernetes.io/admin-access: true` label",
 }
-# Variants another validation of the policy refuses first: the API server reports only the
-# first that fails, cel-python's table all of them. Case to that validation's words.
+# Variants another validation of the policy refuses first than cel-python's first for the
+# object as sent: the API server reports only the first that fails, and sees the object
+# after defaulting and mutating admission. Case to that validation's words.
 # The ServiceAccount admission plugin mounts the token (a projected volume) into a pod
 # that does not turn automounting off, before validation: the container is not bare.
 FIRST_REFUSED_BY_ANOTHER_RULE = {
@@ -76,10 +84,20 @@ class Answer:
 
 @dataclass
 class AsAgent:
-    """The API as the agent's ServiceAccount (the admin impersonating it)."""
+    """The API as the agent's ServiceAccount (the admin impersonating it), and cel-python's
+    verdict on the same request under the policies as the API server holds them."""
 
+    user: str
     core: client.CoreV1Api
     resource: client.ResourceV1Api
+    policies: dict[str, Obj]
+
+    def celpy_denials(self, obj: Obj) -> list[str]:
+        """What cel-python refuses `obj` for, sent as it is (no defaulting, no plugins)."""
+        group, version, plural = RESOURCES[obj["kind"]]
+        policy = self.policies[POD_POLICY if obj["kind"] == "Pod" else CLAIM_POLICY]
+        review = admission_request("CREATE", self.user, obj, resource=(group, version, plural))
+        return denials(policy, review, resource=plural)
 
     def create(self, obj: Obj) -> Answer:
         namespace = obj["metadata"]["namespace"]
@@ -126,10 +144,17 @@ def daemonset(node: Node, release: flows.Release) -> Obj:
 @pytest.fixture(scope="module")
 def as_agent(node: Node, daemonset: Obj) -> Iterator[AsAgent]:
     account = daemonset["spec"]["template"]["spec"]["serviceAccountName"]
+    user = f"system:serviceaccount:{flows.NAMESPACE}:{account}"
+    policies = {
+        name: json.loads(
+            node.kubectl("get", "validatingadmissionpolicy", name, "-o", "json").stdout
+        )
+        for name in (POD_POLICY, CLAIM_POLICY)
+    }
     api = config.new_client_from_config(config_file=str(node.kubeconfigs["admin"]))
-    api.set_default_header("Impersonate-User", f"system:serviceaccount:{flows.NAMESPACE}:{account}")
+    api.set_default_header("Impersonate-User", user)
     try:
-        yield AsAgent(client.CoreV1Api(api), client.ResourceV1Api(api))
+        yield AsAgent(user, client.CoreV1Api(api), client.ResourceV1Api(api), policies)
     finally:
         api.close()
 
@@ -253,6 +278,7 @@ def test_every_object_the_agent_makes_is_admitted_and_may_be_deleted(
     created: list[Obj] = []
     try:
         for obj in ordered:
+            assert as_agent.celpy_denials(obj) == [], obj["metadata"]["name"]
             answer = as_agent.create(obj)
             assert answer.status == 201, (obj["metadata"]["name"], answer)
             created.append(obj)
@@ -290,24 +316,28 @@ def test_the_agent_may_not_change_a_holders_spec_or_delete_another_pod(
 # ---- hostile variants, refused by the API server -----------------------------------------
 
 
-def _attempt(node: Node, as_agent: AsAgent, obj: Obj) -> Answer:
+def _expect_refused(
+    node: Node, as_agent: AsAgent, case: str, obj: Obj, reason: str, before: dict[str, str]
+) -> None:
+    """`obj` is refused by the API server: by the policy, for `reason` and as cel-python
+    refuses it, unless `before` names the API server's own reason to refuse it first."""
+    policy = POD_POLICY if obj["kind"] == "Pod" else CLAIM_POLICY
+    celpy = as_agent.celpy_denials(obj)
     answer = as_agent.create(obj)
     if answer.status == 201:
         _remove(node, obj)
-    return answer
-
-
-def _expect_refused(
-    case: str, answer: Answer, policy: str, reason: str, before: dict[str, str]
-) -> None:
     if case in before:
         assert answer.status != 201 and answer.refused_by(policy) is None, (case, answer)
         assert before[case] in answer.message, (case, answer)
+        assert celpy, f"{case}: cel-python admits it"
         return
     assert answer.status != 201, f"{case} was admitted"
     denied = answer.refused_by(policy)
     assert denied is not None, f"{case}: not refused by the policy: {answer}"
     assert FIRST_REFUSED_BY_ANOTHER_RULE.get(case, reason) in denied, (case, denied)
+    assert denied in celpy, (case, denied, celpy)  # cel-python refuses it for this too
+    if case not in FIRST_REFUSED_BY_ANOTHER_RULE:
+        assert celpy[0] == denied, (case, denied, celpy)
 
 
 def test_the_issues_sample_is_refused_by_the_policy_itself() -> None:
@@ -322,8 +352,7 @@ def test_a_hostile_pod_from_the_agent_is_refused_by_the_api_server(
     change, reason = HOSTILE[case]
     pod = copy.deepcopy(agents()[0]["count holder"])
     change(pod)
-    answer = _attempt(node, as_agent, pod)
-    _expect_refused(case, answer, POD_POLICY, reason, REFUSED_BEFORE_THE_POLICY)
+    _expect_refused(node, as_agent, case, pod, reason, REFUSED_BEFORE_THE_POLICY)
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_CLAIMS), ids=sorted(HOSTILE_CLAIMS))
@@ -333,5 +362,4 @@ def test_a_hostile_claim_from_the_agent_is_refused_by_the_api_server(
     change, reason = HOSTILE_CLAIMS[case]
     claim = agents()[1]["GPU claim"]
     change(claim)
-    answer = _attempt(node, as_agent, claim)
-    _expect_refused(case, answer, CLAIM_POLICY, reason, REFUSED_BEFORE_THE_POLICY_CLAIMS)
+    _expect_refused(node, as_agent, case, claim, reason, REFUSED_BEFORE_THE_POLICY_CLAIMS)
