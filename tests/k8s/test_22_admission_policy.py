@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,10 @@ RESOURCES = {
     "Pod": ("", "v1", "pods"),
     "ResourceClaim": ("resource.k8s.io", "v1", "resourceclaims"),
 }
+# The type check cannot type a map of Quantity (a string or a number): it calls a
+# container's resources.limits and .requests undefined, which evaluation reads as any map
+# (the holders' GPU limit is admitted, the SR-IOV variant refused by that very rule).
+UNTYPED_BY_THE_CHECKER = {"limits", "requests"}
 # The issue's sample: each must be refused by the policy itself, not before it.
 REQUIRED_SAMPLE = (
     "env secretKeyRef",
@@ -259,16 +264,25 @@ def _type_check_warnings(node: Node, policy: Obj, name: str) -> list[Obj]:
         node.kubectl("delete", "validatingadmissionpolicy", name, "--ignore-not-found")
 
 
-def test_the_api_server_type_checks_every_expression_without_a_warning(
-    node: Node, as_agent: AsAgent
-) -> None:
+def _undefined_fields(warnings: list[Obj]) -> list[str]:
+    """The fields the type check calls undefined; it may report nothing else."""
+    found = []
+    for warning in warnings:
+        text = warning["warning"]
+        fields = re.findall(r"undefined field '([^']+)'", text)
+        assert len(fields) == text.count("ERROR:"), text
+        found += fields
+    return found
+
+
+def test_the_api_server_type_checks_every_expression(node: Node, as_agent: AsAgent) -> None:
     for name, policy in as_agent.policies.items():
-        assert _type_check_warnings(node, policy, f"typecheck-{name}") == [], name
+        undefined = _undefined_fields(_type_check_warnings(node, policy, f"typecheck-{name}"))
+        assert set(undefined) <= UNTYPED_BY_THE_CHECKER, (name, undefined)
     # not vacuous: a misspelt field is reported
     misspelt = copy.deepcopy(as_agent.policies[POD_POLICY])
     misspelt["spec"]["validations"][0]["expression"] += " && object.spec.hostPid != true"
-    [warning] = _type_check_warnings(node, misspelt, "typecheck-misspelt")
-    assert "hostPid" in warning["warning"], warning
+    assert "hostPid" in _undefined_fields(_type_check_warnings(node, misspelt, "typecheck-x"))
 
 
 # ---- the agent's own objects are admitted ----------------------------------------------
