@@ -167,7 +167,7 @@ def as_agent(node: Node, daemonset: Obj) -> Iterator[AsAgent]:
 @pytest.fixture(scope="module")
 def target(node: Node, release: flows.Release) -> Iterator[PodInfo]:
     """A running pod in `default`: the owner of every object sent here."""
-    with flows.running_pod(node, flows.pod_manifest(flows.new_name("vap-target"))) as name:
+    with flows.running_pod(node, flows.quick_pod_manifest(flows.new_name("vap-target"))) as name:
         pod = flows.get_pod(node, name)
         assert pod is not None
         yield PodInfo(
