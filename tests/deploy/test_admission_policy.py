@@ -4,8 +4,9 @@ The policies are an allow-list. Their CEL is evaluated (tests/deploy/admission.p
 the very manifests the agent builds (holder_manifest, with_claim, pin_claim_manifest) in
 every configuration the chart offers, as the API server would see them after its
 defaulting and the ServiceAccount and Priority admission plugins, and against hostile
-objects that differ from those in one way each. Kubernetes 1.20 (the real-node tier,
-tests/k8s) has no ValidatingAdmissionPolicy, so this harness is the proof.
+objects that differ from those in one way each (tests/deploy/admission_cases.py). This is
+the fast check; tests/k8s/test_22_admission_policy.py sends the same table to the real-node
+tier's API server (Kubernetes 1.37).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import copy
 import subprocess
 import uuid
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from agent.node.holders import Role, holder_priority_class
 from agent.node.holders import holder_manifest as agent_holder_manifest
 from agent.node.pins import pin_claim_manifest
 from tests.deploy.admission import admission_request, denials, unknown_fields
+from tests.deploy.admission_cases import GPU_UUID, HOSTILE, HOSTILE_CLAIMS, agents_objects
 from tests.deploy.support import (
     CHART,
     KUBE,
@@ -49,9 +50,6 @@ BINDING = find(STATIC, "ValidatingAdmissionPolicyBinding", "gpu-hotmount-holder-
 CLAIM_POLICY = find(STATIC, "ValidatingAdmissionPolicy", "gpu-hotmount-pin-claims")
 CLAIM_BINDING = find(STATIC, "ValidatingAdmissionPolicyBinding", "gpu-hotmount-pin-claims")
 CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")
-GPU_UUID = "GPU-8f6f9c2e-3b1d-4c1e-9a51-0c4b1e2d3f4a"
-MIG_UUID = "MIG-5d3c1a2b-0e9f-4a8b-b7c6-d5e4f3a2b1c0"
-UUID_SELECTOR = f'device.attributes["gpu.nvidia.com"].uuid == "{GPU_UUID}"'
 AGENT = "system:serviceaccount:gpu-hotmount:gpu-hotmount"
 TARGET = PodInfo(
     namespace="team-a",
@@ -245,264 +243,6 @@ def test_the_agent_may_delete_a_holder():
 # -- hostile pods ---------------------------------------------------------------------------
 
 
-def _set(path: str, value: Any) -> Callable[[Obj], None]:
-    def change(pod: Obj) -> None:
-        *parents, last = path.split(".")
-        node: Any = pod
-        for part in parents:
-            node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
-        node[last] = value
-
-    return change
-
-
-def _drop(path: str) -> Callable[[Obj], None]:
-    def change(pod: Obj) -> None:
-        *parents, last = path.split(".")
-        node: Any = pod
-        for part in parents:
-            node = node[int(part)] if part.isdigit() else node[part]
-        del node[last]
-
-    return change
-
-
-def _owner(**changes: Any) -> Callable[[Obj], None]:
-    def change(pod: Obj) -> None:
-        pod["metadata"]["ownerReferences"][0].update(changes)
-
-    return change
-
-
-def _unmanaged(pod: Obj) -> None:
-    pod["metadata"]["labels"]["app.kubernetes.io/managed-by"] = "someone-else"
-
-
-def _env_from(source: Obj) -> Obj:
-    return {"name": "LEAK", "valueFrom": source}
-
-
-def _second_owner(pod: Obj) -> None:
-    refs = pod["metadata"]["ownerReferences"]
-    refs.append({**refs[0], "name": "other", "uid": str(uuid.uuid4())})
-
-
-HOSTILE: dict[str, tuple[Callable[[Obj], None], str]] = {
-    "hostPath volume": (
-        _set("spec.volumes", [{"name": "root", "hostPath": {"path": "/"}}]),
-        "no volumes",
-    ),
-    "projected token volume": (
-        _set(
-            "spec.volumes",
-            [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}],
-        ),
-        "no volumes",
-    ),
-    "other image": (_set("spec.containers.0.image", "docker.io/library/busybox"), "holder image"),
-    "command override": (_set("spec.containers.0.command", ["/bin/sh"]), "holder image"),
-    "init container": (
-        _set("spec.initContainers", [{"name": "i", "image": "registry.k8s.io/pause:3.9"}]),
-        "no init or ephemeral",
-    ),
-    "second container": (
-        lambda pod: pod["spec"]["containers"].append({**pod["spec"]["containers"][0], "name": "b"}),
-        "one container",
-    ),
-    "hostPID": (_set("spec.hostPID", True), "host namespace"),
-    "hostNetwork": (_set("spec.hostNetwork", True), "host namespace"),
-    "hostIPC": (_set("spec.hostIPC", True), "host namespace"),
-    "hostPort": (
-        _set("spec.containers.0.ports", [{"containerPort": 22, "hostPort": 22}]),
-        "host namespace",
-    ),
-    "token automount on": (
-        _set("spec.automountServiceAccountToken", True),
-        "default ServiceAccount",
-    ),
-    "token automount unset": (_drop("spec.automountServiceAccountToken"), "default ServiceAccount"),
-    "another ServiceAccount": (_set("spec.serviceAccountName", "admin"), "default ServiceAccount"),
-    "privileged": (_set("spec.containers.0.securityContext", {"privileged": True}), "privileged"),
-    "privilege escalation": (
-        _set("spec.containers.0.securityContext", {"allowPrivilegeEscalation": True}),
-        "privileged",
-    ),
-    "added capability": (
-        _set("spec.containers.0.securityContext", {"capabilities": {"add": ["SYS_ADMIN"]}}),
-        "privileged",
-    ),
-    "no holder labels": (_drop("metadata.labels"), "only create, change or delete holder"),
-    "not managed by gpu-hotmount": (_unmanaged, "only create, change or delete holder"),
-    "owner in another namespace (a Node, cluster-scoped)": (
-        _owner(kind="Node", name="notebook"),
-        "exactly one owner reference",
-    ),
-    "owner is another pod than the label names": (_owner(name="victim"), "exactly one owner"),
-    "owner is a Deployment": (
-        _owner(apiVersion="apps/v1", kind="Deployment"),
-        "exactly one owner reference",
-    ),
-    "controller owner": (_owner(controller=True), "exactly one owner reference"),
-    "two owners": (_second_owner, "exactly one owner reference"),
-    "no owner": (_drop("metadata.ownerReferences"), "exactly one owner reference"),
-    # Issue 18: a Secret named by a pod bound to a node (nodeName) is the node's to read.
-    "env secretKeyRef": (
-        _set("spec.containers.0.env", [_env_from({"secretKeyRef": {"name": "db", "key": "pw"}})]),
-        "environment is literal",
-    ),
-    "env configMapKeyRef": (
-        _set("spec.containers.0.env", [_env_from({"configMapKeyRef": {"name": "c", "key": "k"}})]),
-        "environment is literal",
-    ),
-    "env fieldRef": (
-        _set("spec.containers.0.env", [_env_from({"fieldRef": {"fieldPath": "metadata.name"}})]),
-        "environment is literal",
-    ),
-    "env resourceFieldRef": (
-        _set(
-            "spec.containers.0.env", [_env_from({"resourceFieldRef": {"resource": "limits.cpu"}})]
-        ),
-        "environment is literal",
-    ),
-    "env NVIDIA_VISIBLE_DEVICES=all": (
-        _set("spec.containers.0.env", [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
-        "environment is literal",
-    ),
-    "envFrom secretRef": (
-        _set("spec.containers.0.envFrom", [{"secretRef": {"name": "db"}}]),
-        "environment is literal",
-    ),
-    "envFrom configMapRef": (
-        _set("spec.containers.0.envFrom", [{"configMapRef": {"name": "c"}}]),
-        "environment is literal",
-    ),
-    "imagePullSecrets": (_set("spec.imagePullSecrets", [{"name": "db"}]), "imagePullSecrets"),
-    "nodeName": (_set("spec.nodeName", "gpu-node-1"), "no nodeName"),
-    "nodeSelector": (_set("spec.nodeSelector", {"kubernetes.io/os": "linux"}), "default scheduler"),
-    "another scheduler": (_set("spec.schedulerName", "mine"), "default scheduler"),
-    "pod anti-affinity": (
-        _set(
-            "spec.affinity.podAntiAffinity", {"requiredDuringSchedulingIgnoredDuringExecution": []}
-        ),
-        "default scheduler",
-    ),
-    "activeDeadlineSeconds": (_set("spec.activeDeadlineSeconds", 1), "runs until deleted"),
-    "lifecycle postStart httpGet": (
-        _set(
-            "spec.containers.0.lifecycle",
-            {"postStart": {"httpGet": {"host": "10.0.0.1", "port": 80}}},
-        ),
-        "lifecycle",
-    ),
-    "lifecycle preStop exec": (
-        _set("spec.containers.0.lifecycle", {"preStop": {"exec": {"command": ["sh"]}}}),
-        "lifecycle",
-    ),
-    "liveness probe httpGet.host (SSRF from the kubelet)": (
-        _set(
-            "spec.containers.0.livenessProbe",
-            {"httpGet": {"host": "169.254.169.254", "path": "/latest/meta-data", "port": 80}},
-        ),
-        "probes",
-    ),
-    "readiness probe exec": (
-        _set("spec.containers.0.readinessProbe", {"exec": {"command": ["cat", "/etc/shadow"]}}),
-        "probes",
-    ),
-    "startup probe tcpSocket.host": (
-        _set("spec.containers.0.startupProbe", {"tcpSocket": {"host": "10.0.0.1", "port": 6443}}),
-        "probes",
-    ),
-    "ephemeral container at creation": (
-        _set("spec.ephemeralContainers", [{"name": "e", "image": "registry.k8s.io/pause:3.9"}]),
-        "no init or ephemeral",
-    ),
-    "sysctls": (
-        _set("spec.securityContext.sysctls", [{"name": "net.ipv4.ip_forward", "value": "1"}]),
-        "sysctls",
-    ),
-    "hostAliases": (
-        _set("spec.hostAliases", [{"ip": "10.0.0.1", "hostnames": ["registry.internal"]}]),
-        "hostAliases",
-    ),
-    "dnsConfig": (_set("spec.dnsConfig", {"nameservers": ["10.0.0.53"]}), "dnsConfig"),
-    "dnsPolicy Default (the node's resolver)": (_set("spec.dnsPolicy", "Default"), "dnsPolicy"),
-    "hostname": (_set("spec.hostname", "db"), "hostname"),
-    "an unlisted priorityClassName": (
-        _set("spec.priorityClassName", "system-node-critical"),
-        "priorityClassName",
-    ),
-    "an unconfigured runtimeClassName": (
-        _set("spec.runtimeClassName", "runc-unconfined"),
-        "runtimeClassName",
-    ),
-    "another resource (an SR-IOV VF)": (
-        _set("spec.containers.0.resources.limits", {"intel.com/sriov": "1"}),
-        "cpu, memory and the GPU resource only",
-    ),
-    "pod-level resources": (_set("spec.resources", {"limits": {"cpu": "1"}}), "cpu, memory"),
-    "another pod's ResourceClaim": (
-        _set("spec.resourceClaims", [{"name": "gpu", "resourceClaimName": "someone-elses"}]),
-        "ResourceClaim of its own name",
-    ),
-    "a ResourceClaimTemplate": (
-        _set("spec.resourceClaims", [{"name": "gpu", "resourceClaimTemplateName": "t"}]),
-        "ResourceClaim of its own name",
-    ),
-    "a runtime annotation": (
-        _set("metadata.annotations", {"io.kubernetes.cri-o.Devices": "/dev/sda"}),
-        "metadata is the agent's",
-    ),
-    "a Multus network annotation": (
-        _set("metadata.annotations", {"k8s.v1.cni.cncf.io/networks": "kube-system/host"}),
-        "metadata is the agent's",
-    ),
-    "another label": (_set("metadata.labels.app", "db"), "metadata is the agent's"),
-    "a name that is no holder's": (_set("metadata.name", "db-0"), "metadata is the agent's"),
-    "a finalizer": (_set("metadata.finalizers", ["example.com/keep"]), "metadata is the agent's"),
-    "volumeMounts": (
-        _set("spec.containers.0.volumeMounts", [{"name": "x", "mountPath": "/x"}]),
-        "bare",
-    ),
-    "tty": (_set("spec.containers.0.tty", True), "bare"),
-    "a sidecar restartPolicy": (_set("spec.containers.0.restartPolicy", "Always"), "bare"),
-    "workingDir": (_set("spec.containers.0.workingDir", "/"), "bare"),
-    "a port without hostPort": (
-        _set("spec.containers.0.ports", [{"containerPort": 80}]),
-        "no ports",
-    ),
-    "shareProcessNamespace": (_set("spec.shareProcessNamespace", True), "host namespace"),
-    "serviceAccount (the old alias)": (
-        _set("spec.serviceAccount", "admin"),
-        "default ServiceAccount",
-    ),
-    "procMount Unmasked": (
-        _set("spec.containers.0.securityContext", {"procMount": "Unmasked"}),
-        "loosens no confinement",
-    ),
-    "seccomp Unconfined": (
-        _set("spec.containers.0.securityContext", {"seccompProfile": {"type": "Unconfined"}}),
-        "loosens no confinement",
-    ),
-    "AppArmor Unconfined": (
-        _set("spec.containers.0.securityContext", {"appArmorProfile": {"type": "Unconfined"}}),
-        "loosens no confinement",
-    ),
-    "SELinux spc_t": (
-        _set("spec.containers.0.securityContext", {"seLinuxOptions": {"type": "spc_t"}}),
-        "loosens no confinement",
-    ),
-    "Windows hostProcess": (
-        _set("spec.containers.0.securityContext", {"windowsOptions": {"hostProcess": True}}),
-        "loosens no confinement",
-    ),
-    "pod seccomp Unconfined": (
-        _set("spec.securityContext.seccompProfile", {"type": "Unconfined"}),
-        "loosens no confinement",
-    ),
-}
-
-
 @pytest.mark.parametrize("case", sorted(HOSTILE), ids=sorted(HOSTILE))
 def test_a_hostile_pod_from_the_agent_is_denied(case: str):
     change, reason = HOSTILE[case]
@@ -668,25 +408,6 @@ def rendered_with(values: Obj) -> tuple[list[str], Obj, Obj]:
         find(objects, "ValidatingAdmissionPolicy", "hm-gpu-hotmount-holder-pods"),
         find(objects, "ValidatingAdmissionPolicy", "hm-gpu-hotmount-pin-claims"),
     )
-
-
-def agents_objects(argv: list[str], target: PodInfo) -> tuple[dict[str, Obj], dict[str, Obj]]:
-    """Every pod and ResourceClaim the agent makes for `target`, built by its own code:
-    count holders, scouts and pins by device plugin, and pins with their claims by DRA."""
-    settings = load_settings(argv)
-    holder = agent_holder_manifest(settings, target, "hotmount-holder-notebook-abc123", 2)
-    scout = agent_holder_manifest(settings, target, "hotmount-pin-notebook-abc123", 1, Role.PIN)
-    pin = agent_holder_manifest(
-        settings, target, "hotmount-pin-notebook-def456", 1, Role.PIN, GPU_UUID
-    )
-    name = "hotmount-pin-notebook-0a1b2c"
-    dra_pin = with_claim(agent_holder_manifest(settings, target, name, 1, Role.PIN, GPU_UUID), name)
-    pods = {"count holder": holder, "scout": scout, "pin": pin, "DRA pin": dra_pin}
-    claims = {
-        "GPU claim": pin_claim_manifest(target, name, GPU_UUID, mig=False),
-        "MIG claim": pin_claim_manifest(target, name, MIG_UUID, mig=True),
-    }
-    return pods, claims
 
 
 def assert_all_admitted(argv: list[str], policy: Obj, claim_policy: Obj, user: str) -> None:
@@ -927,58 +648,6 @@ def _pin_claim() -> Obj:
     return claim_as_admitted(
         pin_claim_manifest(TARGET, "hotmount-pin-notebook-0a1b2c", GPU_UUID, mig=False)
     )
-
-
-def _exactly(**changes: Any) -> Callable[[Obj], None]:
-    def change(claim: Obj) -> None:
-        claim["spec"]["devices"]["requests"][0]["exactly"].update(changes)
-
-    return change
-
-
-def _second_request(claim: Obj) -> None:
-    requests = claim["spec"]["devices"]["requests"]
-    requests.append({**requests[0], "name": "more"})
-
-
-HOSTILE_CLAIMS: dict[str, tuple[Callable[[Obj], None], str]] = {
-    "admin access": (_exactly(adminAccess=True), "no admin access"),
-    "another device class": (_exactly(deviceClassName="sriov.example.com"), "NVIDIA's classes"),
-    "all devices": (_exactly(allocationMode="All"), "exactly one"),
-    "two devices": (_exactly(count=2), "exactly one"),
-    "any device": (_exactly(selectors=[{"cel": {"expression": "true"}}]), "by its UUID alone"),
-    "a UUID or anything": (
-        _exactly(selectors=[{"cel": {"expression": f"{UUID_SELECTOR} || true"}}]),
-        "by its UUID alone",
-    ),
-    "no selector": (_exactly(selectors=[]), "by its UUID alone"),
-    "a taint toleration": (_exactly(tolerations=[{"operator": "Exists"}]), "tolerations"),
-    "capacity": (_exactly(capacity={"requests": {"memory": "1Gi"}}), "capacity"),
-    "a second request": (_second_request, "exactly one"),
-    "first available": (
-        lambda c: c["spec"]["devices"]["requests"][0].update(
-            firstAvailable=[{"name": "a", "deviceClassName": "gpu.nvidia.com"}]
-        ),
-        "exactly one",
-    ),
-    "driver configuration": (
-        _set("spec.devices.config", [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {}}}]),
-        "configuration",
-    ),
-    "constraints": (_set("spec.devices.constraints", [{"matchAttribute": "x"}]), "constraints"),
-    "not a pin": (
-        lambda c: c["metadata"]["labels"].update({"hotmount.io/role": "count"}),
-        "only create or delete",
-    ),
-    "not managed by gpu-hotmount": (
-        _set("metadata.labels", {"hotmount.io/holder-for": "notebook", "hotmount.io/role": "pin"}),
-        "named hotmount-pin-",
-    ),
-    "an annotation": (_set("metadata.annotations", {"x": "y"}), "no annotations"),
-    "another name": (_set("metadata.name", "db-claim"), "named hotmount-pin-"),
-    "owned by another pod": (_owner(name="victim"), "owned by the pod"),
-    "controller owner": (_owner(controller=True), "owned by the pod"),
-}
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_CLAIMS), ids=sorted(HOSTILE_CLAIMS))
