@@ -19,7 +19,7 @@ from agent.config import AgentSettings
 from agent.errors import ApiError
 from agent.kube.client import KubeClient, PodInfo
 from agent.metrics import Metrics
-from agent.node.holders import HOLDER_LABEL, ROLE_LABEL, HolderPods, Role
+from agent.node.holders import HOLDER_LABEL, HolderPods
 from agent.node.kubelet import KubeletBooks, KubeletHold
 from agent.node.locks import ContainerLocks
 from hotmount import engine as eng
@@ -127,8 +127,6 @@ class DoubleBookings:
                         continue
                     if other.namespace == namespace and other.labels.get(HOLDER_LABEL) == pod:
                         continue  # a holder of the same pod (another container's pin)
-                    if other.labels.get(ROLE_LABEL) == Role.BLOCKER:
-                        continue  # held for a moment while a pin is made, then deleted
                     found.append(DoubleBooking(record, entry, mounted_in, other, hold))
         return found
 
