@@ -71,15 +71,15 @@ class PluginPins:
         kubelet's books. Call within the node's turn."""
         self._wait_freed()
         last = ""
-        for _ in range(ATTEMPTS):
+        for attempt in range(ATTEMPTS):
             try:
-                return self._attempt(target, wanted)
+                return self._attempt(target, wanted, again=attempt > 0)
             except _Raced as exc:
                 last = str(exc)
                 log.info("pinning for %s/%s again: %s", target.namespace, target.name, last)
         raise Unschedulable(f"{last}; retry")
 
-    def _attempt(self, target: PodInfo, wanted: list[Device]) -> dict[str, Holder]:
+    def _attempt(self, target: PodInfo, wanted: list[Device], again: bool) -> dict[str, Holder]:
         books = self.kubelet.gpu_books()
         labels = ", ".join(device_label(d) for d in wanted)
         held = {d.key: self._holder_of(d, books) for d in wanted}
@@ -92,8 +92,10 @@ class PluginPins:
                 "or pass force"
             )
         # Blockers only where other GPUs are free too: with the wanted ones alone free,
-        # the pins take exactly them.
-        blocking = len(books.free) > len(wanted)
+        # the pins take exactly them. Again after a pin got another GPU, the scheduler
+        # saw one free that the kubelet did not count (a pod going, a GPU given under
+        # another ID): blockers then hold whatever the scheduler hands out.
+        blocking = len(books.free) > len(wanted) or again
         agent_ns = self.settings.agent_namespace
         count = len(books.free) if blocking else 0
         blockers = [self.holders.new_name(target, Role.BLOCKER) for _ in range(count)]
