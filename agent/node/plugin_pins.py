@@ -34,7 +34,7 @@ from agent.config import AgentSettings
 from agent.errors import ApiError, QuotaExceeded, Timeout, Unschedulable, UpstreamError
 from agent.kube.client import KubeClient, PodInfo
 from agent.node.holders import BLOCKER_PREFIX, Holder, HolderPods, Role, holder_manifest
-from agent.node.kubelet import GpuBooks, KubeletBooks
+from agent.node.kubelet import KubeletBooks
 from agent.node.results import device_label, require_kube
 from hotmount import engine as eng
 from hotmount.devices.model import Device
@@ -82,7 +82,7 @@ class PluginPins:
     def _attempt(self, target: PodInfo, wanted: list[Device], again: bool) -> dict[str, Holder]:
         books = self.kubelet.gpu_books()
         labels = ", ".join(device_label(d) for d in wanted)
-        held = {d.key: self._holder_of(d, books) for d in wanted}
+        held = {d.key: self._holder_of(d, books.given) for d in wanted}
         taken = {k: pod for k, pod in held.items() if pod is not None}
         if taken:
             key, (namespace, name) = next(iter(taken.items()))
@@ -90,6 +90,13 @@ class PluginPins:
                 f"the kubelet counts {key} as pod {namespace}/{name}'s, not free, so it "
                 "cannot be pinned: a pod that is starting or terminating may hold it; retry, "
                 "or pass force"
+            )
+        unoffered = [d for d in wanted if not self._covers(books.free, d)]
+        if unoffered:
+            raise Unschedulable(
+                f"the kubelet counts {', '.join(device_label(d) for d in unoffered)} neither "
+                f"free nor given (not offered as healthy {self.settings.gpu_resource}), so "
+                "it cannot be pinned; retry, or pass force"
             )
         # Blockers only where other GPUs are free too: with the wanted ones alone free,
         # the pins take exactly them. Again after a pin got another GPU, the scheduler
@@ -133,16 +140,19 @@ class PluginPins:
         )
         return kept
 
-    def _holder_of(self, device: Device, books: GpuBooks) -> PodKey | None:
-        """The pod the kubelet gave `device` (its physical GPU), or None where it is free."""
+    def _covers(self, keys: Iterable[str], device: Device) -> bool:
+        """Whether one of these inventory keys is `device`'s physical GPU (or shares it)."""
         inventory = self.engine.inventory
         footprint = inventory.footprint(device)
-        for pod, keys in books.given.items():
-            for key in keys:
-                found = inventory.get(key)
-                if found is not None and inventory.footprint(found).overlaps(footprint):
-                    return pod
-        return None
+        return any(
+            (found := inventory.get(key)) is not None
+            and inventory.footprint(found).overlaps(footprint)
+            for key in keys
+        )
+
+    def _holder_of(self, device: Device, given: dict[PodKey, list[str]]) -> PodKey | None:
+        """The pod the kubelet gave `device` (its physical GPU), or None where it is free."""
+        return next((pod for pod, keys in given.items() if self._covers(keys, device)), None)
 
     def _block(self, names: list[str], wanted: list[Device]) -> None:
         """Blockers take every free GPU; the ones given a wanted GPU are deleted again,
@@ -154,8 +164,7 @@ class PluginPins:
         given = self._wait_given([(agent_ns, n) for n in names], fail=False)
         freeing = []
         for device in wanted:
-            books = GpuBooks({k: v for k, v in given.items() if v}, [])
-            holder = self._holder_of(device, books)
+            holder = self._holder_of(device, given)
             if holder is not None:
                 freeing.append(holder[1])
             # else: none of the blockers got it: it is free, or another pod took it (the
@@ -234,8 +243,7 @@ class PluginPins:
             for pin in pins:
                 if pin in kept.values():
                     continue
-                books = GpuBooks({(namespace, pin.name): given.get((namespace, pin.name), [])}, [])
-                if self._holder_of(device, books) is not None:
+                if self._covers(given.get((namespace, pin.name), []), device):
                     kept[device.key] = pin
                     break
         return kept
