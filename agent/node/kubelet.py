@@ -303,23 +303,6 @@ class KubeletBooks:
         keys = [d.key for i in offered if i not in used and (d := inventory.kubelet_device(i))]
         return GpuBooks(given, [k for k in dict.fromkeys(keys) if k not in taken])
 
-    def free_count(self) -> int:
-        """How many `gpu_resource` devices the kubelet has not given to any pod: what it
-        offers (GetAllocatableResources, or the node's allocatable on a 1.20 kubelet)
-        less what PodResources lists as given."""
-        resource = self.settings.gpu_resource
-        allocations = self._allocations("pinning a GPU")
-        used = {d for a in allocations if a.resource_name == resource for d in a.device_ids}
-        assert self.podresources is not None
-        try:
-            offered = self.podresources.allocatable(resource)
-        except PodResourcesError as exc:
-            raise UpstreamError(f"PodResources: {exc}") from exc
-        if offered is not None:
-            return len(set(offered) - used)
-        node = self.settings.node_name or ""
-        return max(require_kube(self.kube).node_allocatable(node, resource) - len(used), 0)
-
     def _allocations(self, needed_for: str) -> list[Allocation]:
         if self.podresources is None:
             raise UpstreamError(f"{needed_for} needs the kubelet's PodResources socket")
