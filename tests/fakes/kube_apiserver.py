@@ -13,6 +13,8 @@ What it serves, and why each piece exists (see DESIGN.md, "Kubernetes" and
 - a scheduler and kubelet stand-in for holder pods: extended-resource requests
   get device IDs from a per-node pool, recorded in an attached fake PodResources
   server, and are freed on deletion;
+- a ResourceQuota on GPU requests (``set_gpu_quota``): a pod that would take its
+  namespace past it is refused at creation with the quota plugin's 403 and words;
 - resource.k8s.io/v1 (DRA) resourceclaims (get, list, create, delete) and
   resourceslices (get, list; seeded with ``put_resource_slice``): a pod naming claims
   in ``spec.resourceClaims`` is scheduled only where they can be allocated
