@@ -42,7 +42,7 @@ from hotmount.devices.model import Device
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 3  # a GPU taken in the instant it was free: start again, at most this often
-POLL = 0.02  # seconds between two reads of PodResources (a local socket)
+POLL = 0.03  # seconds between two reads of PodResources (the kubelet allows 100 a second)
 API_EVERY = 0.25  # seconds between two reads of the pods themselves (failures only)
 
 T = TypeVar("T")
