@@ -21,6 +21,7 @@ from hotmount.devices.inventory import DEFAULT_CDI_DIRS
 from hotmount.engine import DEFAULT_STATE_DIR
 
 DEFAULT_PODRESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+_SUBDOMAIN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"  # a DRA driver's or DeviceClass's name
 
 
 class AgentSettings(BaseSettings):
@@ -147,6 +148,26 @@ class AgentSettings(BaseSettings):
         default=DEFAULT_PODRESOURCES_SOCKET, description="the kubelet's PodResources socket"
     )
     gpu_resource: str = Field(default="nvidia.com/gpu", description="extended resource name")
+    dra_driver: str = Field(
+        default="gpu.nvidia.com",
+        description="the DRA driver that publishes this node's GPUs (ResourceSlices' driver)",
+        pattern=_SUBDOMAIN,
+    )
+    dra_gpu_class: str = Field(
+        default="gpu.nvidia.com",
+        description="the DeviceClass a pin's claim on a GPU asks for",
+        pattern=_SUBDOMAIN,
+    )
+    dra_mig_class: str = Field(
+        default="mig.nvidia.com",
+        description="the DeviceClass a pin's claim on a MIG asks for",
+        pattern=_SUBDOMAIN,
+    )
+    dra_uuid_attribute: str = Field(
+        default="uuid",
+        description="the DRA driver's device attribute holding the GPU's UUID",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,31}$",
+    )
     rdma_resource: list[str] = Field(
         default=[],
         description=(

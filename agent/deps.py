@@ -14,7 +14,7 @@ from fastapi import Depends, Request
 
 from agent.auth import Authenticator, Authorizer, CallerContext, Identity
 from agent.gateway import Gateway
-from agent.node import listing, mounting, moves
+from agent.node import listing, mounting, moves, suspending
 
 PEER_CERT_KEY = "hotmount.peer_cert"
 PEER_UID_KEY = "hotmount.peer_uid"
@@ -52,6 +52,10 @@ async def _mounting(request: Request) -> mounting.Mounting:
     return request.app.state.node.mounting
 
 
+async def _suspending(request: Request) -> suspending.Suspending:
+    return request.app.state.node.suspending
+
+
 async def _moves(request: Request) -> moves.Moves:
     return request.app.state.node.moves
 
@@ -71,6 +75,7 @@ async def _gateway(request: Request) -> Gateway | None:
 Caller = Annotated[Identity, Depends(request_identity)]
 Mounting = Annotated[mounting.Mounting, Depends(_mounting)]
 Moves = Annotated[moves.Moves, Depends(_moves)]
+Suspending = Annotated[suspending.Suspending, Depends(_suspending)]
 Listing = Annotated[listing.Listing, Depends(_listing)]
 Authz = Annotated[Authorizer, Depends(_authorizer)]
 Gate = Annotated[Gateway | None, Depends(_gateway)]

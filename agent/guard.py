@@ -99,6 +99,7 @@ class Guard:
             metrics.mutating_waiting.set_function(lambda: self.waiting)
             metrics.token_reviews.labels("reviewing").set_function(lambda: self.reviewing)
             metrics.token_reviews.labels("waiting").set_function(lambda: self.review_waiters)
+            metrics.token_reviews_limit.set(limits.max_token_reviews)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.public_paths:

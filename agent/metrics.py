@@ -105,6 +105,30 @@ class _MountCollector(Collector):
         yield warned
 
 
+class _GpuStateCollector(Collector):
+    """Issue 34: the node's GPUs by state (agent/node/gpu_states.py), read at scrape time."""
+
+    def __init__(self, node: str, source: Callable[[], dict[str, int]]) -> None:
+        self.node, self.source = node, source
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "hotmount_node_gpus",
+            "The node's GPUs by state: free, allocated (the kubelet gave it to a pod), "
+            "hot_mounted, pinned (hot-mounted and kept in the scheduler's books by a pin)",
+            labels=("node", "state"),
+        )
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = self._family()
+        for state, count in self.source().items():
+            family.add_metric([self.node, state], count)
+        yield family
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -114,12 +138,25 @@ class Metrics:
             ["operation", "result"],
             registry=self.registry,
         )
+        # Issue 34: why calls were refused (the error's reason: QuotaExceeded, Conflict...),
+        # so an alert can tell a namespace out of quota from the agent failing.
+        self.refused = Counter(
+            "hotmount_operations_refused_total",
+            "Mounts, unmounts and reassigns refused, by the reason the caller was given",
+            ["operation", "reason"],
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "hotmount_operation_seconds",
             "Latency of mounts, unmounts and reassigns",
             ["operation"],
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+        )
+        self.suspended_gpus = Gauge(
+            "hotmount_suspended_gpus",
+            "GPUs taken from pods by a suspension, their processes kept for a resume",
+            registry=self.registry,
         )
         self.requests_in_agent = Gauge(
             "hotmount_requests_in_agent",
@@ -136,6 +173,12 @@ class Metrics:
             "Calls whose new token is being checked with a TokenReview now (see "
             "--max-token-reviews), and calls waiting for the same token's review",
             ["state"],
+            registry=self.registry,
+        )
+        # Issue 34: the bound itself, so an alert compares with what this agent runs with.
+        self.token_reviews_limit = Gauge(
+            "hotmount_token_reviews_limit",
+            "TokenReviews this agent runs at most at once (--max-token-reviews)",
             registry=self.registry,
         )
         self.managed_containers = Gauge(
@@ -171,6 +214,13 @@ class Metrics:
             "Double-booked hot-mounts reconcile took back (--on-double-booking=take-back)",
             registry=self.registry,
         )
+        self.reclaim_failures = Counter(
+            "hotmount_gpu_reclaim_failures_total",
+            "Idle hot-mounted GPUs reconcile meant to take back and did not: `error` (the "
+            "unmount failed), `skipped` (a process also using a GPU that stays holds it)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.idle_warnings = Counter(
             "hotmount_gpu_idle_warnings_total",
             "GPUIdleSoon warnings: hot-mounted GPUs about to be reclaimed unless used",
@@ -191,3 +241,7 @@ class Metrics:
     def watch_mounts(self, node: str, source: Callable[[], list[MountSample]]) -> None:
         """Serve the per-mount gauges from `source`, called at every scrape."""
         self.registry.register(_MountCollector(node, source))
+
+    def watch_gpu_states(self, node: str, source: Callable[[], dict[str, int]]) -> None:
+        """Serve `hotmount_node_gpus` from `source`, called at every scrape."""
+        self.registry.register(_GpuStateCollector(node, source))

@@ -308,6 +308,8 @@ class MountedDevice(Model):
     pin: str | None = None  # the pin pod that keeps it in the scheduler's books
     holder: str | None = None  # the holder pod of a mount by count (its books)
     mounted_at: str | None = None  # ISO 8601, UTC: when it was hot-mounted
+    # suspended: taken away by a suspension (no paths), its processes kept for a resume
+    state: Literal["mounted", "suspended"] = "mounted"
 
 
 class DriverAdded(Model):
@@ -357,6 +359,47 @@ class UnmountResult(Model):
     netdevs: list[str] = Field(default_factory=list)  # host interfaces given back
     driver_removed: list[str] = Field(default_factory=list)  # the driver's files taken out
     driver_detached: list[str] = Field(default_factory=list)  # of those, busy: detached lazily
+
+
+class SuspendRequest(Request):
+    """POST .../suspend: the container whose GPUs go (default: the pod's only one);
+    `lockTimeoutSeconds`: how long each CUDA process may take to lock."""
+
+    container: ContainerName | None = None
+    lock_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+
+
+class ResumeRequest(Request):
+    """POST .../resume: `mount`, GPUs (UUIDs, indexes, keys) to resume onto, one per
+    suspended GPU; default the same GPU if free, else one of the same model."""
+
+    container: ContainerName | None = None
+    mount: list[DeviceRef] | None = Field(default=None, max_length=16)
+
+
+class CheckpointedProcess(Model):
+    pid: int
+    gpu_bytes: int
+
+
+class SuspendResult(Model):
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    container_id: str
+    suspended: list[str]
+    processes: list[CheckpointedProcess]
+    host_bytes: int  # GPU memory moved into the processes' host memory
+    holder_pods_deleted: list[str] = Field(default_factory=list)
+
+
+class ResumeResult(Model):
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    container_id: str
+    resumed: dict[str, str]  # suspended GPU -> the GPU it resumed onto
+    processes: list[CheckpointedProcess]
 
 
 class ContainerDevices(Model):

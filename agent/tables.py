@@ -122,6 +122,7 @@ GPUMOUNT_COLUMNS = [
     _column("UUIDs", "Full UUIDs.", priority=1),
     _column("Devices", "Device keys, as the agent names them.", priority=1),
     _column("Paths", "Device nodes created in the containers.", priority=1),
+    _column("State", "mounted, or suspended: the GPU given back, its processes kept.", priority=1),
 ]
 
 NODEDEVICES_COLUMNS = [
@@ -173,7 +174,8 @@ def gpumount_cells(obj: Mapping[str, Any], now: datetime) -> list[Any]:
     status = obj.get("status") or {}
     devices = _devices(status)
     gpus = [
-        f"{d['index']} ({short_uuid(d.get('uuid'))})" if d.get("index") is not None else d["key"]
+        (f"{d['index']} ({short_uuid(d.get('uuid'))})" if d.get("index") is not None else d["key"])
+        + (" suspended" if d.get("state") == "suspended" else "")
         for _, d in devices
     ]
     return [
@@ -188,6 +190,7 @@ def gpumount_cells(obj: Mapping[str, Any], now: datetime) -> list[Any]:
         _joined(d.get("uuid") or "" for _, d in devices),
         _joined(d["key"] for _, d in devices),
         _joined(p for _, d in devices for p in d.get("paths") or []),
+        _joined(d.get("state") or "mounted" for _, d in devices),
     ]
 
 

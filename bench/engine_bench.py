@@ -16,7 +16,12 @@ Prints p50/p99 of:
   analogue and the v1 pipeline's figure from the same run, each named;
 - resolution of a container ID to its PIDs and cgroups, with N extra idle processes
   on the host (cold: a fresh resolver walks the cgroup tree; warm: cached), against
-  the /proc scan it avoids.
+  the /proc scan it avoids;
+- in the same run, the engine as it was before issue 32: the unmount's open-file scan
+  in a child forked per call (hotmount/forked.py) instead of a kept worker
+  (hotmount/workers.py); a fork also slows the mount after it (copy-on-write faults);
+- the mount under `--inject-driver=auto` (the agent's default) with no driver source,
+  its CDI specs parsed once per text against parsed on every mount (as before).
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ import tempfile
 from pathlib import Path
 
 from bench.stats import percentile, summary, timed
+from hotmount import forked, workers
 from hotmount.claims import Claim, Footprint
 from hotmount.containers import ContainerResolver
+from hotmount.driver import sources
 from hotmount.engine import Engine, EngineConfig
 from tests.support.fixtures import STAND_IN_SPEC
 from tests.support.runc import RuncContainer, make_rootfs, missing_requirements
@@ -58,6 +65,49 @@ def bench_engine(
         samples["unmount-resolved"].append(timed(lambda: engine.unmount(resolved, [GPU])))
     assert container.open_result("/dev/nvidia0") == "ENOENT"
     return samples
+
+
+class ForkPerCall:
+    """The pool's interface the way the engine worked before issue 32: a child forked
+    for every call (forked.run), for a baseline in the same process."""
+
+    def call(self, function, args, what, deadline=None):  # type: ignore[no-untyped-def]
+        return forked.run(lambda: function(*args), what, deadline=deadline)
+
+    def close(self) -> None:
+        pass
+
+
+def bench_before(
+    engine: Engine, container: RuncContainer, iterations: int
+) -> dict[str, list[float]]:
+    """Mount and unmount with the scan forked per call (the engine before issue 32)."""
+    kept = workers.POOL
+    workers.POOL = ForkPerCall()  # type: ignore[assignment]
+    try:
+        samples = bench_engine(engine, container, iterations)
+    finally:
+        workers.POOL = kept
+    for name in ("mount", "unmount"):
+        print(summary(f"before: fork per scan, engine {name} ({container.mode})", samples[name]))
+    return samples
+
+
+def bench_auto(engine: Engine, container: RuncContainer, iterations: int) -> None:
+    """`auto` with no driver source: every mount looks for one in the CDI specs."""
+    samples: dict[str, list[float]] = {"parsed every mount (before)": [], "parsed once": []}
+    engine.mount(container.id, [GPU])
+    engine.unmount(container.id, [GPU])
+    for _ in range(iterations):
+        for name, values in samples.items():
+            if name.startswith("parsed every"):
+                sources._parsed.clear()
+            values.append(timed(lambda: engine.mount(container.id, [GPU])))
+            engine.unmount(container.id, [GPU])
+    for name, values in samples.items():
+        print(summary(f"auto, CDI specs {name} ({container.mode})", values))
+    before, now = samples["parsed every mount (before)"], samples["parsed once"]
+    print(ratio_line(f"ratio before p50 / now p50, auto mount ({container.mode})", before, now))
 
 
 NODES = (("/dev/nvidia0", 195, 0), ("/dev/nvidiactl", 195, 255))  # what the engine mounts
@@ -151,6 +201,10 @@ def bench_resolution(container: RuncContainer, engine: Engine, extra: int, itera
             process.wait()
 
 
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=300)
@@ -169,15 +223,29 @@ def main() -> int:
     engine = Engine(
         EngineConfig(cdi_dirs=(str(work / "cdi"),), state_dir=work / "state", use_nvml=False)
     )
-    print(f"cgroup layout: {engine.layout.mode}; ledger on tmpfs; {args.iterations} iterations\n")
+    auto = Engine(
+        EngineConfig(
+            cdi_dirs=(str(work / "cdi"),),
+            state_dir=work / "state",
+            use_nvml=False,
+            inject_driver="auto",
+        )
+    )
+    print(f"cgroup layout: {engine.layout.mode}; ledger on tmpfs; {args.iterations} iterations")
+    print(f"load: {uptime()}\n")
     shell_iterations = max(50, args.iterations // 3)
     v1_shell: tuple[list[float], list[float]] = ([], [])
     for mode in ("v1", "v2"):
         container = RuncContainer(work, rootfs, mode)
         try:
+            before = bench_before(engine, container, args.iterations)
             samples = bench_engine(engine, container, args.iterations)
             for name, values in samples.items():
                 print(summary(f"engine {name} ({mode})", values))
+            for name in ("mount", "unmount"):
+                label = f"ratio before p50 / now p50, {name} ({mode})"
+                print(ratio_line(label, before[name], samples[name]))
+            bench_auto(auto, container, args.iterations)
             mount, unmount = bench_shell(container, shell_iterations)
             if mode == "v1":
                 v1_shell = (mount, unmount)
@@ -209,7 +277,9 @@ def main() -> int:
             print()
         finally:
             container.stop()
+    workers.POOL.close()
     subprocess.run(["umount", str(work / "state")], check=False)
+    print(f"load: {uptime()}")
     return 0
 
 

@@ -198,11 +198,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=20, help="timed mounts per mode")
     parser.add_argument("--rounds", type=int, default=2, help="blocks per mode, alternating")
+    parser.add_argument(
+        "--dra", action="store_true", help="a DRA pin vs an unmanaged GPU (bench/pin_bench_dra.py)"
+    )
     args = parser.parse_args()
     why_not = cluster.missing_requirements()
     if why_not:
         sys.exit(f"pin_bench: {why_not}")
     print(machine(), flush=True)
+    if args.dra:
+        from bench import pin_bench_dra
+
+        return pin_bench_dra.main(args.iterations, args.rounds, machine())
     work = Path(tempfile.mkdtemp(prefix="pin-bench-"))
     started = time.monotonic()
     stack = cluster.build_stack()

@@ -93,15 +93,36 @@ def _error(message: str) -> KubeconfigError:
     return KubeconfigError(make_status(400, message, "InvalidKubeconfig"))
 
 
+# The last kubeconfig parsed, by its files' texts: a command reads it for the namespace,
+# then for the client; the files are read each time, parsed again only when they differ.
+_last: tuple[tuple[str, tuple[tuple[Path, str], ...]], _Merged] | None = None
+
+
 def _read(path: str) -> _Merged:
+    global _last
+    texts = []
+    for file in _files(path):
+        try:
+            texts.append((file, file.read_text()))
+        except OSError as exc:
+            raise _error(f"cannot read kubeconfig {path}: {exc}") from exc
+    key = (path, tuple(texts))
+    if _last is not None and _last[0] == key:
+        return _last[1]
+    merged = _parse(path, texts)
+    _last = (key, merged)
+    return merged
+
+
+def _parse(path: str, texts: list[tuple[Path, str]]) -> _Merged:
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     merged = _Merged({}, {}, {}, None)
-    for file in _files(path):
+    for file, text in texts:
         try:
-            data = yaml.load(file.read_text(), Loader=loader) or {}
-        except (OSError, yaml.YAMLError) as exc:
+            data = yaml.load(text, Loader=loader) or {}
+        except yaml.YAMLError as exc:
             raise _error(f"cannot read kubeconfig {path}: {exc}") from exc
         if not isinstance(data, dict):
             raise _error(f"cannot read kubeconfig {path}: {file} is not a kubeconfig")

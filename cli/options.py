@@ -46,3 +46,9 @@ class Common:
     @property
     def fmt(self) -> str:
         return self.output.value if self.output else "table"
+
+
+def split_refs(values: list[str] | None) -> list[str]:
+    """`--mount 0,1`, `--mount=0 --mount 1`: one flat list, duplicates kept once."""
+    refs = [part.strip() for value in values or [] for part in value.split(",")]
+    return list(dict.fromkeys(r for r in refs if r))

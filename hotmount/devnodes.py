@@ -160,6 +160,8 @@ def _remove_node(dirfd: int, name: str, node: DeviceNode) -> bool:
         os.unlink(name, dir_fd=dirfd)
     except FileNotFoundError:
         return False
+    except OSError as exc:  # EROFS, EBUSY: a KernelError, so reconcile goes on past it
+        raise KernelError(f"cannot remove {node.path} in the container: {exc.strerror}") from exc
     return True
 
 

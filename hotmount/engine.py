@@ -53,6 +53,7 @@ from hotmount.results import (
     UnmountResult,
 )
 from hotmount.status import container_status
+from hotmount.suspend.flow import Suspender
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class Engine:
         self.use = UseCheck(self.host.proc, self.config.use_nvml, self.config.stop_grace)
         self.steps = NodeSteps(self.grants, self.ledger, self.driver, self._fs, self._proven)
         self.inventory = self.load_inventory()
+        self.suspender = Suspender(self)  # suspend and resume: hotmount/suspend/
 
     def load_inventory(self) -> Inventory:
         sys_host = HostRoot(self.config.sys_root) if self.config.sys_root else None
@@ -353,6 +355,7 @@ class Engine:
         netdev_mounting.return_orphans(self, report)
         sweep_claims(self.ledger, self.inventory)
         report.netdevs += self.netdevs.reconcile(self.ledger.lock)
+        self.suspender.reconcile(report)  # after the pending ops: a suspension's unmount
         return report
 
     def _reconcile_one(self, record: ContainerRecord, report: ReconcileReport) -> None:

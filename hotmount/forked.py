@@ -75,38 +75,42 @@ def run(
         pidfd = os.pidfd_open(pid)
     except BaseException:
         os.close(read_end)
-        _reap(pid)
+        reap(pid)
         raise
     try:
         data = _read_until(read_end, time.monotonic() + seconds)
         if data is None:
-            _kill(pidfd, pid)
+            kill(pidfd, pid)
             raise ChildTimeout(f"{what} did not finish within {seconds:g}s; stopped it")
-        _reap(pid)
+        reap(pid)
     finally:
         os.close(read_end)
         os.close(pidfd)
-        _finished_at[threading.get_ident()] = time.monotonic()
-    return _answer(data, what)
+        mark_finished()
+    return decode_reply(data, what)
+
+
+def mark_finished() -> None:
+    """Note that a bounded child of this thread's came back or was killed (now)."""
+    _finished_at[threading.get_ident()] = time.monotonic()
+
+
+def become_child() -> None:
+    """In a newly forked bounded child: bounded work it calls runs in place."""
+    global _in_child
+    _in_child = True
 
 
 def _child(work: Callable[[], object], out: int, keep: set[int]) -> None:  # pragma: no cover
-    global _in_child
-    _in_child = True
+    become_child()
     code = 1
     try:
-        _close_all_but(keep | {0, 1, 2, out})
+        close_all_but(keep | {0, 1, 2, out})
         try:
             reply: tuple[str, object] = ("ok", work())
         except BaseException as exc:  # every failure goes back to the parent
             reply = ("err", exc)
-        try:
-            body = pickle.dumps(reply)
-            pickle.loads(body)  # an exception whose __init__ takes more args fails here
-        except Exception:  # not picklable both ways: its text still goes
-            text = getattr(reply[1], "message", None) or f"{type(reply[1]).__name__}: {reply[1]}"
-            body = pickle.dumps(("err", KernelError(text)))
-        _write_all(out, struct.pack("!Q", len(body)) + body)
+        write_all(out, encode_reply(reply))
         code = 0
     except BaseException:
         traceback.print_exc()  # to the agent's stderr: the parent says only "died"
@@ -114,7 +118,18 @@ def _child(work: Callable[[], object], out: int, keep: set[int]) -> None:  # pra
         os._exit(code)
 
 
-def _close_all_but(keep: set[int]) -> None:
+def encode_reply(reply: tuple[str, object]) -> bytes:
+    """("ok", result) or ("err", exception), framed (its length first) for the parent."""
+    try:
+        body = pickle.dumps(reply)
+        pickle.loads(body)  # an exception whose __init__ takes more args fails here
+    except Exception:  # not picklable both ways: its text still goes
+        text = getattr(reply[1], "message", None) or f"{type(reply[1]).__name__}: {reply[1]}"
+        body = pickle.dumps(("err", KernelError(text)))
+    return struct.pack("!Q", len(body)) + body
+
+
+def close_all_but(keep: set[int]) -> None:
     """Close every inherited pipe and file (a path: regular, directory, device, O_PATH)
     but `keep`. Sockets and anonymous inodes (epoll, eventfd) stay: a library's fork
     handler (grpc's) restarts its threads in the child on them, and they carry no EOF
@@ -131,7 +146,7 @@ def _close_all_but(keep: set[int]) -> None:
             os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -155,7 +170,7 @@ def _read_until(fd: int, deadline: float) -> bytes | None:
         chunks.append(chunk)
 
 
-def _answer(data: bytes, what: str) -> T:  # type: ignore[type-var]
+def decode_reply(data: bytes, what: str) -> T:  # type: ignore[type-var]
     if len(data) < 8 or len(data) - 8 != struct.unpack("!Q", data[:8])[0]:
         raise KernelError(f"{what}: the child died without an answer")
     kind, value = pickle.loads(data[8:])  # our own child wrote it
@@ -166,17 +181,17 @@ def _answer(data: bytes, what: str) -> T:  # type: ignore[type-var]
     raise KernelError(f"{what}: {type(value).__name__}: {value}")
 
 
-def _kill(pidfd: int, pid: int) -> None:
+def kill(pidfd: int, pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     ready, _, _ = select.select([pidfd], [], [], _REAP_SECONDS)
     if ready:
-        _reap(pid)
+        reap(pid)
     else:  # not dead yet (a slow killable wait): reap it off this thread
-        threading.Thread(target=_reap, args=(pid,), name=f"reap-{pid}", daemon=True).start()
+        threading.Thread(target=reap, args=(pid,), name=f"reap-{pid}", daemon=True).start()
 
 
-def _reap(pid: int) -> None:
+def reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
 

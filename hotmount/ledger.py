@@ -111,6 +111,35 @@ class PendingOp(BaseModel):
     driver: list[DriverFileRecord] = Field(default_factory=list)  # driver files, likewise
 
 
+class CudaProcess(BaseModel):
+    """A process a suspension checkpoints: its host PID and start time (a PID reused
+    since is not it), and the GPU memory NVML said it held."""
+
+    pid: int
+    start_time: int
+    gpu_bytes: int = 0
+
+
+class SuspendedGpu(BaseModel):
+    """A GPU taken away by a suspension: the record it had, to be mounted again as it was."""
+
+    device: DeviceRecord
+    uuid: str
+    model: str | None = None
+    suspended_at: str
+
+
+class Suspension(BaseModel):
+    """A suspend or resume under way (hotmount/suspend/flow.py): written before each step,
+    so that reconcile finishes it or rolls it back and leaves no process locked."""
+
+    op: Literal["suspend", "resume"]
+    step: str  # suspend: locking, checkpointing, unmounting; resume: mounting, restoring
+    devices: list[str]  # the suspended GPUs' keys
+    processes: list[CudaProcess]
+    targets: dict[str, str] = Field(default_factory=dict)  # resume: old key -> new key
+
+
 class ContainerRecord(BaseModel):
     version: int = LEDGER_VERSION
     key: str
@@ -124,6 +153,9 @@ class ContainerRecord(BaseModel):
     pending: PendingOp | None = None
     driver: list[DriverFileRecord] = Field(default_factory=list)  # go with the last device
     driver_env: dict[str, str] = Field(default_factory=dict)
+    suspended: dict[str, SuspendedGpu] = Field(default_factory=dict)  # by the old key
+    suspended_processes: list[CudaProcess] = Field(default_factory=list)
+    suspension: Suspension | None = None
 
 
 def now() -> str:
@@ -166,7 +198,8 @@ class Ledger:
 
     def save(self, record: ContainerRecord) -> None:
         path = self._record_path(record.key)
-        if not (record.devices or record.pending or record.nodes or record.driver):
+        kept = record.devices or record.pending or record.nodes or record.driver
+        if not (kept or record.suspended or record.suspension):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return
@@ -212,6 +245,21 @@ class Ledger:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def try_lock(self, key: str) -> Iterator[bool]:
+        """`lock` without waiting: yields False (and holds nothing) while another holds it."""
+        path = f"{self._locks_dir}/{_file_name(key)}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
         finally:
             os.close(fd)
 

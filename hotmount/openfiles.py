@@ -19,9 +19,12 @@ each fd is looked at in steps that touch no filesystem first:
    own: if it does not answer in time the scan fails with `ChildTimeout` naming those
    files (nothing is stopped or revoked on a guess).
 
-Both passes run in killable children with a deadline (hotmount/forked.py): a tenant
-that swaps an fd between step 2 and the stat (a race) costs one failed scan, not the
-agent.
+Both passes run in killable children with a deadline, kept for the next scan
+(hotmount/workers.py: an unmount does not pay a fork): a tenant that swaps an fd
+between step 2 and the stat (a race) costs one failed scan, not the agent. That race
+is why even the scan of local files is not done in the agent's own process: the mount
+read from fdinfo is the fd's a moment before the stat follows it, and a stat that
+blocks there could never be killed.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from hotmount import forked
+from hotmount import workers
 from hotmount.errors import ChildTimeout
 
 # Filesystems whose getattr answers from memory or a local disk.
@@ -61,13 +64,13 @@ def holding(proc: Path, pids: list[int], numbers: set[tuple[int, int]]) -> list[
     """(PID, path) of each fd among `pids` open on a character device in `numbers`."""
     if not pids or not numbers:
         return []
-    found, remote = forked.run(
-        lambda: _scan(proc, pids, numbers), "the scan of the container's open files"
+    found, remote = workers.call(
+        _scan, (proc, pids, numbers), "the scan of the container's open files"
     )
     if remote:
         try:
-            found += forked.run(lambda: _stat_remote(proc, remote, numbers),
-                                "a look at open files on network or FUSE filesystems")  # fmt: skip
+            found += workers.call(_stat_remote, (proc, remote, numbers),
+                                  "a look at open files on network or FUSE mounts")  # fmt: skip
         except ChildTimeout as exc:
             files = ", ".join(f"PID {r.pid} {r.target} ({r.fstype})" for r in remote[:5])
             raise ChildTimeout(
@@ -82,25 +85,28 @@ def _scan(
 ) -> tuple[list[tuple[int, str]], list[_Remote]]:  # pragma: no cover - runs in a child
     found: list[tuple[int, str]] = []
     remote: list[_Remote] = []
-    mounts_by_ns: dict[str, dict[int, _Mount]] = {}
+    tables: dict[str, _MountTable] = {}
     for pid in pids:
         base = os.path.join(proc, str(pid))
         try:
             names = os.listdir(os.path.join(base, "fd"))
             ns = os.readlink(os.path.join(base, "ns", "mnt"))
-            mounts = mounts_by_ns.get(ns)
+            mounts = tables.get(ns)
             if mounts is None:
-                mounts = mounts_by_ns[ns] = _mounts(os.path.join(base, "mountinfo"))
+                mounts = tables[ns] = _MountTable(os.path.join(base, "mountinfo"))
         except OSError:
             continue  # exited, or a kernel thread
         for name in names:
             fd_path = os.path.join(base, "fd", name)
             try:
                 target = os.readlink(fd_path)
-                mount = mounts.get(_mnt_id(os.path.join(base, "fdinfo", name)))
+                if not target.startswith("/"):
+                    continue  # pipe:[..], socket:[..], anon_inode:..: no device node
+                mnt_id = _mnt_id(os.path.join(base, "fdinfo", name))
             except OSError:
                 continue  # closed meanwhile
-            if not target.startswith("/") or (mount is not None and mount.nodev):
+            mount = mounts.get(mnt_id)
+            if mount is not None and mount.nodev:
                 continue
             if mount is None or mount.fstype not in LOCAL_FILESYSTEMS:
                 fstype = mount.fstype if mount else "unknown"
@@ -134,22 +140,45 @@ def _holder(
 
 
 def _mnt_id(fdinfo: str) -> int | None:
-    with open(fdinfo) as info:
-        for line in info:
-            if line.startswith("mnt_id:"):
-                return int(line.split()[1])
-    return None
+    fd = os.open(fdinfo, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        text = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    at = text.find(b"mnt_id:")
+    return None if at < 0 else int(text[at + 7 :].split(None, 1)[0])
 
 
-def _mounts(mountinfo: str) -> dict[int, _Mount]:
-    """mount id -> (filesystem type, nodev) from a mountinfo (proc(5))."""
-    mounts: dict[int, _Mount] = {}
-    with open(mountinfo) as info:
-        for line in info:
-            fields = line.split()
+class _MountTable:
+    """One mountinfo (proc(5)), read once; a mount's line parsed only when asked for
+    (a scan looks up a few mounts of a table of hundreds)."""
+
+    def __init__(self, mountinfo: str) -> None:
+        self._path = mountinfo
+        self._text: bytes | None = None
+        self._parsed: dict[int, _Mount | None] = {}
+
+    def get(self, mnt_id: int | None) -> _Mount | None:
+        """The mount with this ID (filesystem type, nodev); None where it is not here."""
+        if mnt_id is None:
+            return None
+        if mnt_id not in self._parsed:
+            self._parsed[mnt_id] = self._parse(mnt_id)
+        return self._parsed[mnt_id]
+
+    def _parse(self, mnt_id: int) -> _Mount | None:
+        if self._text is None:
             try:
-                fstype = fields[fields.index("-", 6) + 1]
-            except (ValueError, IndexError):
-                continue
-            mounts[int(fields[0])] = _Mount(fstype, "nodev" in fields[5].split(","))
-    return mounts
+                with open(self._path, "rb") as info:
+                    self._text = b"\n" + info.read()
+            except OSError:
+                self._text = b""
+        at = self._text.find(b"\n%d " % mnt_id)
+        if at < 0:
+            return None
+        fields = self._text[at + 1 : self._text.find(b"\n", at + 1)].split()
+        try:
+            fstype = fields[fields.index(b"-", 6) + 1].decode()
+        except (ValueError, IndexError):
+            return None
+        return _Mount(fstype, b"nodev" in fields[5].split(b","))

@@ -96,7 +96,7 @@ class Pinned:
                 os.close(fd)
             raise
         pinned = cls(pidfds)
-        for pid in [p for p in pidfds if p not in members or not pinned._alive(p)]:
+        for pid in [p for p in pidfds if p not in members or not pinned.alive(p)]:
             os.close(pidfds.pop(pid))
         return pinned
 
@@ -107,7 +107,7 @@ class Pinned:
     def holders(self, proc: Path, numbers: set[tuple[int, int]]) -> list[Holder]:
         """`holders()` over the pinned processes, less those that exited meanwhile."""
         found = holders(proc, self.pids, numbers)
-        return [h for h in found if self._alive(h.pid)]
+        return [h for h in found if self.alive(h.pid)]
 
     def stop(self, pids: Iterable[int], grace: float) -> list[int]:
         """SIGTERM, wait up to `grace` seconds, then SIGKILL, through the pidfds only.
@@ -123,7 +123,7 @@ class Pinned:
         _wait({pid: chosen[pid] for pid in remaining}, 5.0)
         return sorted(signalled)
 
-    def _alive(self, pid: int) -> bool:
+    def alive(self, pid: int) -> bool:
         readable, _, _ = select.select([self._pidfds[pid]], [], [], 0)
         return not readable
 

@@ -11,6 +11,10 @@ SYSTEM_PACKAGES=(runc containerd busybox-static util-linux bpftool python3-venv)
 SYSTEM_PACKAGES+=(etcd-server containernetworking-plugins iptables conntrack iproute2 gcc libc6-dev libseccomp-dev pkg-config)
 # The agent image without Docker (scripts/build-image.sh): a Debian rootfs by mmdebstrap.
 SYSTEM_PACKAGES+=(mmdebstrap)
+# promtool, from Prometheus' own package: checks and unit-tests the chart's alerts
+# (tests/deploy/test_monitoring.py). The package brings the server too: without systemd
+# (CI, these VMs) nothing starts it; on a systemd host its unit starts on :9090.
+SYSTEM_PACKAGES+=(prometheus)
 # Debian's kubectl, unless one is installed already (another kubectl owns the same path).
 command -v kubectl >/dev/null || SYSTEM_PACKAGES+=(kubernetes-client)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -6,7 +6,8 @@ credentials; the API server authenticates, then forwards the user in
 SubjectAccessReviews as the /v1 API. Discovery documents are open to every
 authenticated caller, as Kubernetes' own are.
 
-    GPUMount (namespaced; name = the pod)  create, get, list (also across namespaces), delete
+    GPUMount (namespaced; name = the pod)  create, get, list (also across namespaces), delete;
+                                            subresources suspend, resume (POST)
     NodeDevices (cluster; name = the node) get, list
     Reassignment (namespaced)               create
 
@@ -30,9 +31,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from agent.aggregated import discovery, gpumounts, nodedevices, reassignments
+from agent.aggregated import discovery, gpumounts, nodedevices, reassignments, suspensions
 
 # In the order the routes were always registered; no two of their paths overlap.
 router = APIRouter()
-for part in (discovery, gpumounts, nodedevices, reassignments):
+for part in (discovery, gpumounts, nodedevices, reassignments, suspensions):
     router.include_router(part.router)

@@ -41,6 +41,15 @@ def api_resources(caller: Caller) -> dict[str, Any]:
                 "verbs": ["create", "delete", "get", "list", "patch"],
                 "shortNames": ["gm"],
             },
+            *(
+                {
+                    "name": f"gpumounts/{sub}",
+                    "namespaced": True,
+                    "kind": "GPUMount",
+                    "verbs": ["create"],
+                }
+                for sub in ("suspend", "resume")
+            ),
             {
                 "name": "nodedevices",
                 "singularName": "nodedevices",

@@ -17,6 +17,7 @@ from agent.metrics import Metrics
 from agent.node.accounting import Accounting
 from agent.node.desired import DesiredMounts
 from agent.node.double_booking import DoubleBookings
+from agent.node.gpu_states import GpuStates
 from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
 from agent.node.kubelet import KubeletBooks
@@ -28,6 +29,7 @@ from agent.node.pins import Pins
 from agent.node.plugin_pins import PluginPins
 from agent.node.reconcile import ReconcilePass
 from agent.node.remounts import Remounts
+from agent.node.suspending import Suspending
 from agent.node.targets import Targets
 from agent.podresources import PodResourcesClient
 from hotmount import engine as eng
@@ -43,6 +45,7 @@ class Node:
     moves: Moves
     listing: Listing
     reconciler: ReconcilePass
+    suspending: Suspending
 
     @classmethod
     def build(
@@ -68,6 +71,7 @@ class Node:
         )
         listing = Listing(settings, engine, kube, targets, kubelet, accounting, idle_reclaim)
         metrics.watch_mounts(settings.node_name or "", listing.mount_samples)
+        metrics.watch_gpu_states(settings.node_name or "", GpuStates(engine, kubelet).counts)
         return cls(
             settings=settings,
             engine=engine,
@@ -76,6 +80,7 @@ class Node:
             mounting=mounting,
             moves=Moves(engine, kube, metrics, locks, targets, mounting),
             listing=listing,
+            suspending=Suspending(engine, kube, metrics, locks, targets, kubelet, holders),
             reconciler=ReconcilePass(
                 engine,
                 metrics,

@@ -21,7 +21,7 @@ from agent.config import AgentSettings
 from agent.errors import ApiError, UpstreamError
 from agent.kube.client import KubeClient
 from agent.kube.dra import ResourceApi
-from agent.node.dra import GPU_DRIVER, SliceDevice, slice_devices
+from agent.node.dra import DraNames, SliceDevice, slice_devices
 from agent.podresources import PodResourcesClient, PodResourcesError
 from hotmount import engine as eng
 from hotmount.devices.model import Device, DeviceKind
@@ -46,7 +46,13 @@ class Books:
     """One look at the node: each GPU's case, and the DRA devices by UUID."""
 
     cases: dict[str, Management]  # inventory key of each GPU and MIG device
-    slices: dict[str, SliceDevice]  # GPU or MIG UUID to the slice device that lists it
+    slices: dict[str, SliceDevice]  # GPU or MIG UUID, casefolded, to the slice device
+
+    def published_uuid(self, uuid: str) -> str:
+        """``uuid`` spelled as the DRA driver publishes it (a claim's selector compares
+        strings; NVML says GPU-, a driver may say gpu-)."""
+        found = self.slices.get(uuid.casefold())
+        return found.uuid if found is not None and found.uuid else uuid
 
 
 RECENT_BOOKS_AGE = 10.0  # seconds
@@ -112,7 +118,8 @@ class Accounting:
         if self.resources is None:
             return {}
         try:
-            listed = slice_devices(self.resources.node_slices(node), node)
+            names = DraNames.of(self.settings)
+            listed = slice_devices(self.resources.node_slices(node), node, names)
         except ApiError as exc:
             if strict:
                 raise UpstreamError(
@@ -120,7 +127,7 @@ class Accounting:
                 ) from exc
             log.warning("cannot read ResourceSlices: %s", exc.message)
             return {}
-        return {s.uuid: s for s in listed if s.uuid and s.driver == GPU_DRIVER}
+        return {s.uuid.casefold(): s for s in listed if s.uuid}
 
     def _plugin_managed(self, gpus: list[Device], node: str, strict: bool) -> set[str]:
         """The GPUs a device plugin advertises as `gpu_resource`."""
@@ -154,9 +161,9 @@ class Accounting:
 
 def _uuids(device: Device, engine: eng.Engine) -> set[str]:
     """A GPU's UUID and its MIG devices', or a MIG device's and its parent's: a slice
-    that lists either covers this device."""
-    uuids = {device.uuid} if device.uuid else set()
+    that lists either covers this device. Casefolded, as `Books.slices` is keyed."""
+    uuids = {device.uuid.casefold()} if device.uuid else set()
     parent = engine.inventory.get(device.parent) if device.parent else None
     if parent is not None and parent.uuid:
-        uuids.add(parent.uuid)
+        uuids.add(parent.uuid.casefold())
     return uuids

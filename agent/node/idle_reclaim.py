@@ -306,8 +306,12 @@ class IdleReclaim:
                 exc.message,
             )
             return False
-        except HotmountError as exc:
-            log.warning("cannot reclaim %s from %s: %s", entry.key, ref, exc.message)
+        except (HotmountError, OSError) as exc:
+            # An OSError too (a read-only /dev in the container): one reclaim that fails
+            # must not fail the whole pass, and it is counted for the alert.
+            why = exc.message if isinstance(exc, HotmountError) else str(exc)
+            log.warning("cannot reclaim %s from %s: %s", entry.key, ref, why)
+            self.metrics.reclaim_failures.labels("error").inc()
             return False
         self._idle.forget(key)
         self.metrics.reclaimed.inc()
@@ -331,6 +335,7 @@ class IdleReclaim:
         """A process uses this GPU and one that stays: it is not stopped, the GPU stays,
         the pod is told why (Event), and the clock starts again (a warning comes first)."""
         self._idle.observe(look.key, 1, time.time())
+        self.metrics.reclaim_failures.labels("skipped").inc()
         label = self._device_text(look.entry.key)
         container = look.entry.metadata.get("container") or look.record.key
         message = (

@@ -15,7 +15,7 @@ from agent.config import AgentSettings
 from agent.errors import AllocatedToPod, ApiError, UpstreamError
 from agent.kube.client import KubeClient, PodInfo
 from agent.kube.dra import ResourceApi
-from agent.node.dra import slice_devices
+from agent.node.dra import DraNames, slice_devices
 from agent.node.holders import HOLDER_LABEL, ROLE_LABEL, Role
 from agent.node.results import device_label, require_kube
 from agent.podresources import Allocation, PodResourcesClient, PodResourcesError
@@ -159,9 +159,10 @@ class KubeletBooks:
             if not prepared:
                 return []
             node = self.settings.node_name or ""
+            names = DraNames.of(self.settings)
             uuids = {
                 (d.driver, d.pool, d.device): d.uuid
-                for d in slice_devices(self.resources.node_slices(node), node)
+                for d in slice_devices(self.resources.node_slices(node), node, names)
                 if d.uuid
             }
         except (PodResourcesError, ApiError) as exc:
@@ -169,12 +170,15 @@ class KubeletBooks:
                 raise UpstreamError(f"DRA allocations cannot be checked: {exc}") from exc
             log.warning("DRA allocations unavailable: %s", exc)
             return []
+        # A driver may spell a UUID in another case than NVML (gpu- for GPU-)
+        inventory = {d.uuid.casefold(): d for d in self.engine.inventory.devices if d.uuid}
         holds = []
         for namespace, pod, container, claim in prepared:
-            uuid = uuids.get((claim.driver, claim.pool, claim.device))
-            device = self.engine.inventory.kubelet_device(uuid) if uuid else None
-            if device is None:
+            published = uuids.get((claim.driver, claim.pool, claim.device))
+            device = inventory.get(published.casefold()) if published else None
+            if device is None or device.uuid is None:
                 continue  # its CDI names came with list_allocations, tried there
+            uuid = device.uuid
             allocation = Allocation(namespace, pod, container, claim.driver, (uuid,))
             holds.append(KubeletHold(allocation, uuid, self.engine.inventory.footprint(device)))
         return holds

@@ -28,7 +28,7 @@ from agent.schemas import (
 from hotmount import engine as eng
 from hotmount.claims import Claim
 from hotmount.devices.model import DeviceKind
-from hotmount.ledger import DeviceRecord
+from hotmount.ledger import DeviceRecord, SuspendedGpu
 
 # The kinds a scheduler's books can hold (an RDMA NIC is outside "Accounting" for now).
 BOOKED_KINDS = (DeviceKind.GPU, DeviceKind.MIG, DeviceKind.CDI)
@@ -127,22 +127,30 @@ class Listing:
         for record in self.engine.ledger.records():
             # By UID too: a pod deleted and made again under its name is another pod, and
             # its predecessor's records stay until the next reconcile drops them.
-            devices = [
-                d
-                for d in record.devices.values()
-                if d.metadata.get("namespace") == namespace
-                and d.metadata.get("pod") == pod
-                and d.metadata.get(POD_UID, info.uid) == info.uid
-            ]
-            if devices:
+            def ours(d: DeviceRecord) -> bool:
+                return (
+                    d.metadata.get("namespace") == namespace
+                    and d.metadata.get("pod") == pod
+                    and d.metadata.get(POD_UID, info.uid) == info.uid
+                )
+
+            devices = [d for d in record.devices.values() if ours(d)]
+            suspended = [s for s in record.suspended.values() if ours(s.device)]
+            if devices or suspended:
                 hot = hot if hot is not None else self.engine.holders()
                 kubelet = kubelet if kubelet is not None else self.kubelet.holds()
                 containers.append(
                     ContainerDevices(
-                        container=devices[0].metadata.get("container"),
+                        container=(devices[0] if devices else suspended[0].device).metadata.get(
+                            "container"
+                        ),
                         container_id=record.container_id or record.key,
                         devices=[
-                            self._mounted_from_record(d, record.key, hot, kubelet) for d in devices
+                            *(
+                                self._mounted_from_record(d, record.key, hot, kubelet)
+                                for d in devices
+                            ),
+                            *(suspended_device(s) for s in suspended),
                         ],
                     )
                 )
@@ -270,3 +278,15 @@ class Listing:
                     )
                 )
         return samples
+
+
+def suspended_device(entry: SuspendedGpu) -> MountedDevice:
+    """A GPU a suspension took (hotmount/suspend/): no paths, no holder pod."""
+    return MountedDevice(
+        key=entry.device.key,
+        kind=entry.device.kind,
+        uuid=entry.uuid or None,
+        paths=[],
+        mounted_at=entry.device.mounted_at,
+        state="suspended",
+    )

@@ -65,7 +65,9 @@ def pin_of(metadata: dict[str, str]) -> str | None:
     return metadata.get("holder") if metadata.get(HOLDER_KIND) == Role.PIN else None
 
 
-def pin_claim_manifest(target: PodInfo, name: str, uuid: str, *, mig: bool) -> dict[str, Any]:
+def pin_claim_manifest(
+    target: PodInfo, name: str, uuid: str, *, mig: bool, names: dra.DraNames = dra.NVIDIA_NAMES
+) -> dict[str, Any]:
     """The ResourceClaim a pin holds its GPU through under DRA, labelled and owned like the
     pin itself (the admission policy admits only that shape)."""
     return dra.claim_manifest(
@@ -75,6 +77,7 @@ def pin_claim_manifest(target: PodInfo, name: str, uuid: str, *, mig: bool) -> d
         mig=mig,
         labels={MANAGED_BY[0]: MANAGED_BY[1], HOLDER_LABEL: target.name, ROLE_LABEL: str(Role.PIN)},
         owner=owner_reference(target),
+        names=names,
     )
 
 
@@ -212,7 +215,10 @@ class Pins:
             raise UpstreamError(f"device {device_label(device)} is DRA's, and has no UUID to claim")
         namespace = target.namespace
         name = self.holders.new_name(target, Role.PIN)
-        claim = pin_claim_manifest(target, name, device.uuid, mig=device.kind is DeviceKind.MIG)
+        claim = pin_claim_manifest(
+            target, name, books.published_uuid(device.uuid),
+            mig=device.kind is DeviceKind.MIG, names=dra.DraNames.of(self.settings),
+        )  # fmt: skip
         with self.holders.in_flight(namespace, [name]):
             try:
                 self.resources.create_claim(namespace, claim)

@@ -39,6 +39,8 @@ def measure(metrics: Metrics, operation: str) -> Iterator[None]:
     except (ApiError, HotmountError) as exc:
         code = getattr(exc, "code", None) or getattr(exc, "http_status", 500)
         metrics.operations.labels(operation, "conflict" if code == 409 else "error").inc()
+        reason = getattr(exc, "reason", None) or type(exc).__name__
+        metrics.refused.labels(operation, reason).inc()
         raise
     except Exception:
         metrics.operations.labels(operation, "error").inc()

@@ -1,4 +1,4 @@
-"""/v1 with Kubernetes: a pod's devices, mount, unmount and reassign."""
+"""/v1 with Kubernetes: a pod's devices, mount, unmount, suspend, resume and reassign."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query, Request
 
-from agent.deps import Authz, Caller, Gate, Listing, Mounting, Moves
+from agent.deps import Authz, Caller, Gate, Listing, Mounting, Moves, Suspending
 from agent.routes.forwarding import local_or_forward
 from agent.schemas import (
     MountRequest,
@@ -14,6 +14,10 @@ from agent.schemas import (
     PodDevices,
     ReassignRequest,
     ReassignResult,
+    ResumeRequest,
+    ResumeResult,
+    SuspendRequest,
+    SuspendResult,
     UnmountResult,
 )
 
@@ -94,6 +98,52 @@ def unmount(
         request,
         caller,
         gateway,
+    )
+
+
+@router.post("/namespaces/{namespace}/pods/{pod}/suspend")
+def suspend(
+    namespace: Namespace,
+    pod: PodName,
+    body: Annotated[SuspendRequest, Body()],
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    suspending: Suspending,
+    gateway: Gate,
+) -> SuspendResult | Any:
+    """Takes the pod's GPUs away as an unmount does: the verb is `delete`."""
+    authz.require(caller, "delete", namespace, pod)
+    return local_or_forward(
+        lambda: suspending.suspend_pod(
+            namespace, pod, body.container, body.lock_timeout_seconds, caller.name
+        ),
+        request,
+        caller,
+        gateway,
+        body.model_dump(by_alias=True, exclude_none=True),
+    )
+
+
+@router.post("/namespaces/{namespace}/pods/{pod}/resume")
+def resume(
+    namespace: Namespace,
+    pod: PodName,
+    body: Annotated[ResumeRequest, Body()],
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    suspending: Suspending,
+    gateway: Gate,
+) -> ResumeResult | Any:
+    """Mounts a GPU into the pod as a mount does: the verb is `create`."""
+    authz.require(caller, "create", namespace, pod)
+    return local_or_forward(
+        lambda: suspending.resume_pod(namespace, pod, body.container, body.mount, caller.name),
+        request,
+        caller,
+        gateway,
+        body.model_dump(by_alias=True, exclude_none=True),
     )
 
 

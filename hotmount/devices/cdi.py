@@ -70,8 +70,16 @@ def load_specs(host: HostRoot, directories: list[str]) -> CdiResult:
 def _read(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
-        spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except OSError as exc:
+        raise CdiError(f"unreadable: {exc}") from exc
+    return parse(text, path.suffix)
+
+
+def parse(text: str, suffix: str) -> dict[str, Any]:
+    """A spec's text (JSON for `.json`, else YAML) as a mapping, or CdiError."""
+    try:
+        spec = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
         raise CdiError(f"unreadable: {exc}") from exc
     if not isinstance(spec, dict):
         raise CdiError("not a mapping")

@@ -17,7 +17,9 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
+from hotmount import workers
 from hotmount.containers import Container
 from hotmount.devices.model import Device
 from hotmount.driver import sources, steps
@@ -56,6 +58,15 @@ class DriverAddition:
             "ignoredHooks": list(self.plan.ignored_hooks),
             "notes": list(self.plan.notes),
         }
+
+
+def _auto_brings_driver(proc_pid_dir: str) -> bool:  # pragma: no cover - in a worker
+    """`DriverPlacer.auto_brings_driver` from a placer opened here, in the worker."""
+    placer = DriverPlacer(proc_pid_dir, HostRoot(Path("/")))  # no host file is read
+    try:
+        return placer.auto_brings_driver()
+    finally:
+        placer.close()
 
 
 class DriverInjection:
@@ -111,19 +122,29 @@ class DriverInjection:
                 raise
             yield None  # auto: nothing to bring is not an error
             return
+        if unasked:
+            # auto's look in a kept worker (hotmount/workers.py), not a fork per mount. Its
+            # answer is this container's: `check` after it proves the init has not exited
+            # since the pidfd was taken, so the PID the worker opened was still its own.
+            what = "auto's look for the container's own libcuda"
+            proc_dir = f"{self.proc}/{container.init_pid}"
+            brings = workers.call(_auto_brings_driver, (proc_dir,), what)
+            check()
+            if not brings:
+                yield None
+                return
         with self.placer(container, check) as placer:
             addition = None
-            if not unasked or (sources.container_needs_driver(placer) and not placer.read_only()):
-                try:
-                    plan = sources.plan_for(found, placer)
-                    # A target that holds something else (the image's own nvidia-smi)
-                    # is refused here, before anything changes.
-                    addition = DriverAddition(placer, plan, steps.records_for(plan, placer))
-                except (DriverRefused, UnsafePath) as exc:
-                    if not unasked:
-                        raise
-                    # Nobody asked for the files: the GPU still comes, without them.
-                    log.warning("not bringing the driver's files into %s: %s", container.key, exc)
+            try:
+                plan = sources.plan_for(found, placer)
+                # A target that holds something else (the image's own nvidia-smi)
+                # is refused here, before anything changes.
+                addition = DriverAddition(placer, plan, steps.records_for(plan, placer))
+            except (DriverRefused, UnsafePath) as exc:
+                if not unasked:
+                    raise
+                # Nobody asked for the files: the GPU still comes, without them.
+                log.warning("not bringing the driver's files into %s: %s", container.key, exc)
             yield addition
 
     @contextlib.contextmanager

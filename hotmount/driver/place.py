@@ -30,7 +30,7 @@ from hotmount.devnodes import (
     openat2_available,
 )
 from hotmount.driver import elf, mountapi
-from hotmount.driver.files import BIND, DriverFile, is_firmware, library_dirs
+from hotmount.driver.files import BIND, DriverFile, has_soname, is_firmware, library_dirs
 from hotmount.errors import ContainerNotFound, DriverRefused, KernelError, UnsafePath
 from hotmount.hostfs import HostRoot
 
@@ -221,6 +221,15 @@ class DriverPlacer:
             return os.read(fd, _CACHE_BYTES)
         finally:
             os.close(fd)
+
+    @_BOUNDED
+    def auto_brings_driver(self) -> bool:
+        """`auto`'s question, in one bounded child (each look alone forked its own, on
+        every mount): no libcuda.so.1 where the container's linker would look, and a
+        root (and libc directory) that can be written."""
+        if has_soname(self.found("libcuda.so.1"), self.ld_cache()):
+            return False
+        return not self.read_only()
 
     @_BOUNDED
     def read_only(self) -> bool:

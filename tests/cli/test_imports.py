@@ -90,6 +90,22 @@ def test_help_and_version_import_nothing_heavy() -> None:
         assert loaded(result, HEAVY) == [], args
 
 
+def test_a_command_loads_its_own_module_only() -> None:
+    """The root registers only the commands the line names (cli/commands/): `status`
+    and `version` load no other command's module; `--help` and a line that names none
+    register them all, so the help lists every command."""
+    others = tuple(f"cli.commands.{m}" for m in ("mount", "unmount", "listing", "move"))
+    for args in (["status", "--help"], ["version"], ["-n", "ml", "version", "-o", "json"]):
+        result = run_nvcli(*args)
+        assert result["rc"] == 0, result
+        assert loaded(result, others) == [], args
+    everything = run_nvcli("--help")
+    for verb in ("mount", "unmount", "status", "list", "move", "version", "completion"):
+        assert f"\n  {verb} " in everything["out"], verb
+    typo = run_nvcli("stauts")
+    assert typo["rc"] == 2 and "Did you mean 'status'?" in typo["err"], typo
+
+
 def test_status_direct_to_an_agent(stub: StubAgent) -> None:
     result = run_nvcli(
         "status", "--name", "nb-0", "-n", "ml", "--agent", stub.url, "--token", AGENT_TOKEN

@@ -56,6 +56,19 @@ def test_namespace_comes_from_the_context(tmp_path: Path) -> None:
         context_namespace(config, "nope")
 
 
+def test_a_kubeconfig_is_parsed_once_and_again_when_it_changes(tmp_path: Path) -> None:
+    """A command reads it twice (namespace, then client): parsed once. A notebook kernel
+    keeps the process: an edit to the file is seen at the next read."""
+    from cli import kubeconfig
+
+    config = str(write(tmp_path / "config"))
+    assert context_namespace(config) == "ml"
+    assert kubeconfig._read(config) is kubeconfig._read(config)  # not parsed again
+    write(tmp_path / "config", contexts={"dev": "ai", "prod": None})  # the same size
+    assert context_namespace(config) == "ai"
+    assert load(config).namespace == "ai"
+
+
 def test_kubeconfig_env_list_is_merged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = write(tmp_path / "a", current="dev", contexts={"dev": "team-a"})
     second = write(tmp_path / "b", current="other", contexts={"other": "team-b"})

@@ -348,6 +348,8 @@ def test_user_role_is_aggregated_to_edit():
     )
     assert rules_allow(rules, "hotmount.io", "nodedevices", {"get", "list"})
     assert rules_allow(rules, "hotmount.io", "reassignments", {"create"})
+    for sub in ("suspend", "resume"):  # the API server's check of the subresource path
+        assert rules_allow(rules, "hotmount.io", f"gpumounts/{sub}", {"create"})
     assert not rules_allow(rules, "hotmount.io", "gpumounts", {"update"})
     assert not rules_allow(rules, "hotmount.io", "gpumounts", {"force"})
 
@@ -358,6 +360,7 @@ def test_force_is_granted_by_hotmount_admin_alone():
     admin = find(MAIN, "ClusterRole", "hotmount-admin")
     assert rules_allow(admin["rules"], "hotmount.io", "gpumounts", {"force", "create", "delete"})
     assert rules_allow(admin["rules"], "hotmount.io", "reassignments", {"create"})
+    assert rules_allow(admin["rules"], "hotmount.io", "gpumounts/suspend", {"create"})
     assert not any(label.startswith("rbac.authorization.k8s.io/aggregate-to") for label in
                    admin["metadata"]["labels"])  # fmt: skip
     roles = [o for o in MAIN if o["kind"] in ("ClusterRole", "Role")]

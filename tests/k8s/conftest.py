@@ -2,6 +2,9 @@
 
 HOTMOUNT_K8S_VERSION picks the stack: 1.37 (the default: v1.37.2, etcd 3.6, containerd 2,
 from Go modules) or 1.20 (Debian's Kubernetes 1.20.2, etcd 3.4, containerd 1.6).
+HOTMOUNT_K8S_DEVICE_PLUGIN picks who serves `nvidia.com/gpu`: `nvidia` (NVIDIA's own
+k8s-device-plugin on the fake NVML, the default on 1.37) or `fake` (tests/k8s/deviceplugin,
+the default on 1.20).
 
 Marked `k8s`; run alone with `.venv/bin/pytest tests/k8s`. It needs root (a kubelet,
 containerd, cgroups, veth, iptables): elsewhere it skips saying why, and under CI
@@ -24,7 +27,7 @@ import pytest
 
 from tests.fakes import nvml as fake_nvml
 from tests.k8s import flows
-from tests.k8s.deviceplugin import FakeGpuPlugin
+from tests.k8s.deviceplugin import FakeGpuPlugin, nvidia
 from tests.k8s.node import cluster
 from tests.k8s.node.cluster import Node
 from tests.support.image import build_agent_image
@@ -118,15 +121,27 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 @pytest.fixture(scope="package")
 def gpus(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[flows.Gpus]:
-    """The fake device plugin and the fake NVML, with the same UUIDs."""
+    """A device plugin and the fake NVML, with the same UUIDs."""
+    plugin: FakeGpuPlugin | nvidia.NvidiaDevicePlugin
     with _Setup("the fake GPUs"):
         directory = tmp_path_factory.mktemp("fake-nvml")
         fake_nvml.build(directory)
         fake_nvml.write_config(directory / "gpus.conf", flows.NVML_GPUS)
-        plugin = FakeGpuPlugin([gpu.uuid for gpu in flows.NVML_GPUS]).start()
+        if nvidia.selected():
+            with _Timer("nvidia-device-plugin build (cached after the first)"):
+                binary = nvidia.build()
+            plugin = nvidia.NvidiaDevicePlugin(binary, directory, flows.NVML_GPUS, node.workdir)
+            plugin.start()
+        else:
+            plugin = FakeGpuPlugin([gpu.uuid for gpu in flows.NVML_GPUS]).start()
     try:
         with _Setup("the fake GPUs"):
-            flows.wait_allocatable(node, len(flows.NVML_GPUS))
+            try:
+                flows.wait_allocatable(node, len(flows.NVML_GPUS))
+            except AssertionError as error:
+                if isinstance(plugin, nvidia.NvidiaDevicePlugin):
+                    raise AssertionError(f"{error}\n{plugin.log_tail()}") from None
+                raise
         yield flows.Gpus(nvml_dir=Path(directory), plugin=plugin)
     finally:
         plugin.stop()

@@ -3,9 +3,9 @@
 People: `alice` holds the ClusterRole `hotmount-user` through a RoleBinding in
 `default` only (the way a namespace admin grants it); `bob` holds nothing. Both
 authenticate with their own kubeconfig and a bearer token, as a person would.
-GPUs: two, known to the kubelet through the fake device plugin and to the agent
-through the fake NVML, by the same UUIDs. There is no driver: a device node that
-the cgroup lets open answers ENXIO, one it denies answers EPERM.
+GPUs: two, known to the agent through the fake NVML and to the kubelet through a device
+plugin (NVIDIA's own on that NVML, or the fake one: conftest), by the same UUIDs. There
+is no driver: a device node that the cgroup lets open answers ENXIO, one it denies EPERM.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from agent.podresources.client import PodResourcesClient
 from tests.deploy.support import helm_binary
 from tests.fakes.nvml import FakeGpu
 from tests.k8s.deviceplugin import FakeGpuPlugin
+from tests.k8s.deviceplugin.nvidia import NvidiaDevicePlugin
 from tests.k8s.node.cluster import BUSYBOX_IMAGE, CGROUP_ROOT, NODE_NAME, PAUSE_IMAGE, Node, run
 from tests.support.image import AgentImage
 
@@ -54,7 +55,7 @@ PIN_SELECTOR = "app.kubernetes.io/managed-by=gpu-hotmount,hotmount.io/role=pin"
 @dataclass
 class Gpus:
     nvml_dir: Path
-    plugin: FakeGpuPlugin
+    plugin: FakeGpuPlugin | NvidiaDevicePlugin
 
 
 # ---- waiting -------------------------------------------------------------------
@@ -96,6 +97,8 @@ class Release:
     gpus: Gpus
     hardened: bool = False
     driver: dict[str, Any] = field(default_factory=dict)  # the chart's driver.* values
+    dra: dict[str, Any] = field(default_factory=dict)  # the chart's dra.* values
+    nvml_config: str = "gpus.conf"  # in gpus.nvml_dir: which GPUs the fake NVML shows
     values_file: Path = field(init=False)
 
     def values(self) -> dict[str, Any]:
@@ -117,7 +120,7 @@ class Release:
             "extraVolumeMounts": [{"name": "fake-nvml", "mountPath": NVML_MOUNT, "readOnly": True}],
             "extraEnv": [
                 {"name": "LD_LIBRARY_PATH", "value": NVML_MOUNT},
-                {"name": "FAKE_NVML_CONFIG", "value": f"{NVML_MOUNT}/gpus.conf"},
+                {"name": "FAKE_NVML_CONFIG", "value": f"{NVML_MOUNT}/{self.nvml_config}"},
                 # GPU utilization the tests write (issue 20); no file: every GPU is idle
                 {"name": "FAKE_NVML_ACTIVITY", "value": f"{NVML_MOUNT}/{NVML_ACTIVITY}"},
             ],
@@ -134,6 +137,7 @@ class Release:
                 ]
             },
             **({"driver": self.driver} if self.driver else {}),
+            **({"dra": self.dra} if self.dra else {}),
         }
 
     def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -164,6 +168,13 @@ class Release:
         """The chart's driver.* values (flow 18); {}: the chart's defaults."""
         if driver != self.driver:
             self.driver = driver
+            self.upgrade()
+
+    def set_dra(self, dra: dict[str, Any], nvml_config: str) -> None:
+        """The chart's dra.* values and the fake NVML's GPUs (tests/k8s/test_25_dra.py);
+        {} and gpus.conf: the defaults."""
+        if (dra, nvml_config) != (self.dra, self.nvml_config):
+            self.dra, self.nvml_config = dra, nvml_config
             self.upgrade()
 
     def upgrade(self) -> None:

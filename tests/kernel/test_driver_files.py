@@ -289,9 +289,11 @@ def test_auto_injects_only_where_the_linker_finds_no_libcuda(
     auto = Engine(EngineConfig(**{**engine.config.__dict__, "inject_driver": "auto"}))
     bare = run_container(_rootfs(tmp_path / "bare"))
     own = _rootfs(tmp_path / "own")
+    # Its own libcuda where the linker looks but no driver file would go (/usr/lib64): only
+    # auto's look, not a refused target, keeps the driver's files out.
+    (own / "usr/lib64").mkdir(parents=True, exist_ok=True)
     shutil.copy(
-        next((tmp_path / "bare").glob("rootfs/lib/*/libc.so.6")),
-        own / f"lib/{stand_in.triplet()}/libcuda.so.1",
+        next((tmp_path / "bare").glob("rootfs/lib/*/libc.so.6")), own / "usr/lib64/libcuda.so.1"
     )
     has_cuda = run_container(own)
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Callable
+
+import pytest
+
 from hotmount.engine import Engine
-from tests.kernel.conftest import GPU0
+from hotmount.errors import KernelError
+from tests.kernel.conftest import GPU0, GPU1
 from tests.support.runc import RuncContainer
 
 
@@ -87,3 +93,28 @@ def test_status_reports_nodes_and_grants_from_the_kernel(
     nodes = {n.path: n for n in device.nodes}
     assert nodes["/dev/nvidia0"].state == "present" and nodes["/dev/nvidia0"].granted
     assert nodes["/dev/nvidiactl"].granted
+
+
+@pytest.mark.parametrize("mode", ["v1", "v2"])
+def test_a_node_that_cannot_be_removed_fails_that_container_not_reconcile(
+    engine: Engine, make_container: Callable[[str], RuncContainer], mode: str
+) -> None:
+    """A container whose /dev turned read-only: its unmount fails with a KernelError that
+    names the node, and reconcile reports that one container and goes on to the next
+    (a raw OSError from the unlink stopped every pass on the node)."""
+    stuck, other = make_container(mode), make_container(mode)
+    engine.mount(stuck.id, [GPU0])
+    engine.mount(other.id, [GPU1])
+    enter = ["nsenter", "-t", str(stuck.pid), "-m", "-p"]
+    subprocess.run([*enter, "/bin/busybox", "mount", "-o", "remount,ro", "/dev"], check=True)
+
+    with pytest.raises(KernelError, match=r"/dev/nvidia0.*Read-only"):
+        engine.unmount(stuck.id, [GPU0])
+
+    other.exec("rm", "/dev/nvidia1")
+    report = engine.reconcile()
+
+    [stuck_key] = [r.key for r in engine.ledger.records() if r.container_id == stuck.id]
+    assert "Read-only" in report.errors[stuck_key]
+    assert report.checked == 2
+    assert other.open_result("/dev/nvidia1") == "OK", "the other container was repaired"

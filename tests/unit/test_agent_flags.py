@@ -104,3 +104,24 @@ def test_netdev_address_cidrs_are_networks_checked_at_start() -> None:
     for bad in ("10.10.0.5/24", "10.10.0.0/33", "eth0"):
         with pytest.raises(ValidationError, match="netdev_address_cidr"):
             load_settings(["--netdev-address-cidr", bad])
+
+
+def test_the_dra_drivers_names_are_settings_checked_at_start() -> None:
+    """Another DRA driver than NVIDIA's is named by flags alone; a name that the API
+    would refuse (and that could change the pin claim's CEL) stops the agent at start."""
+    from agent.node.dra import NVIDIA_NAMES, DraNames
+
+    assert DraNames.of(load_settings([])) == NVIDIA_NAMES
+    given = ["--dra-driver", "gpu.example.com", "--dra-gpu-class", "gpu.example.com",
+             "--dra-uuid-attribute", "serial"]  # fmt: skip
+    assert DraNames.of(load_settings(given)) == DraNames(
+        "gpu.example.com", "gpu.example.com", "mig.nvidia.com", "serial"
+    )
+    for bad in (
+        ["--dra-driver", 'gpu.example.com"].uuid'],
+        ["--dra-gpu-class", "GPU class"],
+        ["--dra-mig-class", ""],
+        ["--dra-uuid-attribute", "uuid || true"],
+    ):
+        with pytest.raises(ValidationError, match="dra_"):
+            load_settings(bad)

@@ -14,6 +14,7 @@ from agent.node.dra import (
     GPU_CLASS,
     GPU_DRIVER,
     MIG_CLASS,
+    DraNames,
     SliceDevice,
     claim_manifest,
     slice_devices,
@@ -78,7 +79,6 @@ def test_a_mig_claim_uses_the_mig_class_and_no_owner_is_no_reference() -> None:
         "GPU-1\\",
         "GPU-1 ",
         "GPU-",
-        "gpu-1234",
         "GPU-12g4",
         "GPU-1\n",
         "MIG-GPU-4b8d0c3e/1/0",
@@ -90,7 +90,6 @@ def test_a_mig_claim_uses_the_mig_class_and_no_owner_is_no_reference() -> None:
         "backslash",
         "space",
         "no-digits",
-        "lowercase-prefix",
         "not-hex",
         "newline",
         "old-mig-form",
@@ -100,6 +99,35 @@ def test_a_mig_claim_uses_the_mig_class_and_no_owner_is_no_reference() -> None:
 def test_a_uuid_that_could_change_the_cel_is_refused(uuid: str) -> None:
     with pytest.raises(ValueError, match="not a GPU or MIG UUID"):
         claim_manifest("ml", "pin", uuid, mig=uuid.startswith("MIG-"), labels={}, owner=None)
+
+
+def test_another_drivers_claim_names_its_driver_class_and_attribute_and_its_spelling() -> None:
+    """The DRA example driver publishes `gpu-<uuid>`: the selector compares strings, so the
+    claim carries the UUID as the driver spells it, with that driver's names."""
+    names = DraNames("gpu.example.com", "gpu.example.com", "mig.example.com", "serial")
+    claim = claim_manifest("ml", "pin", "gpu-4b8d0c3e-1", mig=False, labels={}, owner=None,
+                           names=names)  # fmt: skip
+
+    [request] = claim["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "gpu.example.com"
+    assert request["exactly"]["selectors"] == [
+        {"cel": {"expression": 'device.attributes["gpu.example.com"].serial == "gpu-4b8d0c3e-1"'}}
+    ]
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        DraNames(driver='gpu.example.com"].uuid == "x" || true || device.attributes["x'),
+        DraNames(gpu_class="Gpu Class"),
+        DraNames(uuid_attribute="uuid || true"),
+        DraNames(uuid_attribute="uuid.x"),
+    ],
+    ids=["driver-cel", "class-space", "attribute-cel", "attribute-dot"],
+)
+def test_names_that_could_change_the_cel_are_refused(names: DraNames) -> None:
+    with pytest.raises(ValueError, match="is not a name the API accepts"):
+        claim_manifest("ml", "pin", GPU, mig=False, labels={}, owner=None, names=names)
 
 
 @pytest.mark.parametrize(("uuid", "mig"), [(GPU, True), (MIG, False)], ids=["gpu-as-mig", "mig"])
@@ -221,6 +249,17 @@ def test_other_nodes_other_drivers_and_stale_generations_are_left_out() -> None:
     ]
 
     assert slice_devices(slices, "node-a") == [SliceDevice(GPU_DRIVER, "node-a", "gpu-0", GPU)]
+
+
+def test_another_drivers_slices_are_read_by_its_name_and_attribute() -> None:
+    theirs = {"name": "gpu-0", "attributes": {"serial": {"string": "gpu-4b8d"}}}
+    nvidias = resource_slice("node-a", [gpu("gpu-0", GPU)])
+    example = resource_slice("node-a", [theirs], driver="gpu.example.com")
+    names = DraNames("gpu.example.com", "gpu.example.com", "mig.example.com", "serial")
+
+    assert slice_devices([nvidias, example], "node-a", names) == [
+        SliceDevice("gpu.example.com", "node-a", "gpu-0", "gpu-4b8d")
+    ]
 
 
 def test_per_device_node_selection_reads_each_devices_node() -> None:

@@ -158,3 +158,27 @@ def test_the_soname_is_read_from_a_real_library(tmp_path: Path) -> None:
     assert elf.soname(library.read_bytes()) == "libnvidia-ml.so.1"
     assert elf.soname((root / "usr/bin/nvidia-smi").read_bytes()) is None
     assert elf.soname(b"not an ELF file") is None
+
+
+def test_a_cdi_spec_is_parsed_once_per_text_and_again_when_it_changes(tmp_path: Path) -> None:
+    """`auto` looks for a driver source on every mount: the specs' YAML is parsed only
+    when a file's text changed, in place (even to the same size) or by a new file."""
+    from hotmount.driver import sources
+    from hotmount.hostfs import HostRoot
+
+    spec = tmp_path / "cdi" / "gpu.yaml"
+    spec.parent.mkdir()
+    spec.write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
+    host = HostRoot(Path("/"))
+    first = sources._specs(host, (str(spec.parent),))
+    again = sources._specs(host, (str(spec.parent),))
+    assert again[0][1] is first[0][1]  # not parsed again
+    spec.write_text("cdiVersion: 0.5.0\nkind: example.com/gpu\n")  # same size, in place
+    assert sources._specs(host, (str(spec.parent),))[0][1]["kind"] == "example.com/gpu"
+    renamed = tmp_path / "new.yaml"
+    renamed.write_text("cdiVersion: 0.5.0\nkind: nvidia.com/xyz\n")
+    renamed.rename(spec)
+    assert sources._specs(host, (str(spec.parent),))[0][1]["kind"] == "nvidia.com/xyz"
+    spec.unlink()
+    assert sources._specs(host, (str(spec.parent),)) == []
+    assert str(spec) not in sources._parsed

@@ -140,3 +140,16 @@ def test_nodedevices_has_a_row_per_device_with_every_holder() -> None:
          "DRA", "<unknown>"],
         ["gpu-1", "mlx5_0", "-", "<free>", "-", "<unknown>"],
     ]  # fmt: skip
+
+
+def test_a_suspended_gpu_says_so() -> None:
+    """A GPU a suspension took: its row says suspended, in GPUs and in -o wide's State."""
+    obj = gpumount("nb", state="suspended", paths=[])
+    doc = table("GPUMount", [obj], "v1", "None", now=NOW)
+    names = [c["name"] for c in doc["columnDefinitions"]]
+    (row,) = doc["rows"]
+    cells = dict(zip(names, row["cells"], strict=True))
+    assert cells["GPUs"] == "0 (8c1f2e3a) suspended"
+    assert cells["State"] == "suspended" and cells["Paths"] == "-"
+    (mounted,) = table("GPUMount", [gpumount("nb")], "v1", "None", now=NOW)["rows"]
+    assert dict(zip(names, mounted["cells"], strict=True))["State"] == "mounted"

@@ -56,3 +56,9 @@ def add_glibc(rootfs: Path) -> None:
     if loader.exists():
         (rootfs / "lib64").mkdir(exist_ok=True)
         shutil.copy(loader, rootfs / "lib64" / loader.name)
+
+
+def build_cuda_process(path: Path) -> Path:
+    """The stand-in CUDA process (cuda_process.c), static: it runs in a busybox rootfs."""
+    _cc("-static", "-o", str(path), str(HERE / "cuda_process.c"))
+    return path

@@ -16,10 +16,14 @@
  *
  * `slot` is its index under the parent (default: the next free one; NVML's indexes may
  * have holes); the profile gives the name's suffix and the attributes' slice counts.
+ *
+ * NVIDIA's device plugin (k8s-device-plugin, through go-nvml) calls more: those are in
+ * fake_nvml_device_plugin.c, #included at the end, with the list.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef enum {
     NVML_SUCCESS = 0,
@@ -240,9 +244,24 @@ nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNu
     return NVML_SUCCESS;
 }
 
+/* A process the stand-in libcuda checkpointed (a file <pid> in $FAKE_CUDA_STATE_DIR) has
+ * no context on any GPU: the real NVML lists it no more (tests/fakes/driver/libcuda.c). */
+static int checkpointed(unsigned int pid) {
+    const char *dir = getenv("FAKE_CUDA_STATE_DIR");
+    char path[512];
+    if (!dir)
+        return 0;
+    snprintf(path, sizeof path, "%s/%u", dir, pid);
+    return access(path, F_OK) == 0;
+}
+
 /* The size dance: too small an array (or count 0 and NULL) -> INSUFFICIENT_SIZE and the count. */
-static nvmlReturn_t processes(const unsigned int *pids, unsigned int n, unsigned int *infoCount,
+static nvmlReturn_t processes(const unsigned int *all, unsigned int total, unsigned int *infoCount,
                               nvmlProcessInfo_t *infos) {
+    unsigned int pids[MAX_PIDS], n = 0;
+    for (unsigned int i = 0; i < total; i++)
+        if (!checkpointed(all[i]))
+            pids[n++] = all[i];
     if (!infoCount)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (*infoCount < n) {
@@ -658,3 +677,5 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     return NVML_SUCCESS;
 }
 /* ---- end of utilization */
+
+#include "fake_nvml_device_plugin.c"

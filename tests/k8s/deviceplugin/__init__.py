@@ -74,6 +74,8 @@ class FakeGpuPlugin:
         self._server: grpc.Server | None = None
 
     def start(self, timeout: float = 30) -> FakeGpuPlugin:
+        """Serve and register; again after `stop()` too."""
+        self._stopped.clear()
         self.socket.unlink(missing_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         api_pb2_grpc.add_DevicePluginServicer_to_server(

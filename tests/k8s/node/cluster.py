@@ -51,6 +51,7 @@ from tests.k8s.node import images
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-kubernetes.sh"
 GO_BUILD_SCRIPT = HERE / "build-go.sh"
+DRA_DRIVER_BUILD_SCRIPT = HERE / "build-dra-driver.sh"
 VERSION_ENV = "HOTMOUNT_K8S_VERSION"
 VERSIONS = ("1.37", "1.20")  # the first is the default
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -181,6 +182,13 @@ def build_stack(version: str | None = None) -> Stack:
     )  # fmt: skip
 
 
+def build_dra_driver() -> Path:
+    """The DRA example driver's kubelet plugin, built once and cached (build-dra-driver.sh)."""
+    output = _build(DRA_DRIVER_BUILD_SCRIPT)
+    dirs = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
+    return Path(dirs["dra-driver"]) / "dra-example-kubeletplugin"
+
+
 def run(*command: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, check=False,
@@ -295,6 +303,16 @@ class Node:
 
     def import_image(self, archive: Path) -> None:
         self.ctr("images", "import", str(archive), timeout=600)
+
+    def start_process(self, name: str, command: Sequence[str]) -> None:
+        """A node-level process of a test's (a DRA driver's kubelet plugin), logged beside
+        the node's own, watched by every wait, and ended by `stop()` if not before."""
+        self._spawn(name, command)
+
+    def stop_process(self, name: str) -> None:
+        process = self.processes.pop(name, None)
+        if process is not None:
+            _end(process)
 
     def log_tail(self, name: str, size: int = 4000) -> str:
         path = self.workdir / "logs" / f"{name}.log"

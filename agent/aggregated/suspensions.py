@@ -1,0 +1,63 @@
+"""GPUMount's subresources `suspend` and `resume` (POST, a SuspendRequest or
+ResumeRequest as the body): the API server authorizes `create` on `gpumounts/suspend` or
+`gpumounts/resume` (a rule of their own in the shipped ClusterRoles), then the agent asks
+`delete` (suspend) or `create` (resume) on the pod, as for /v1's routes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Request
+
+from agent.aggregated.objects import PREFIX, VERSION, kube_object
+from agent.deps import Authz, Caller, Gate, Suspending
+from agent.routes.forwarding import local_or_forward
+from agent.routes.pods import Namespace, PodName
+from agent.schemas import ResumeRequest, SuspendRequest
+
+router = APIRouter(prefix=PREFIX, tags=["aggregated"])
+GPUMOUNT = f"/{VERSION}/namespaces/{{namespace}}/gpumounts/{{pod}}"
+
+
+@router.post(f"{GPUMOUNT}/suspend")
+def suspend_gpumount(
+    namespace: Namespace,
+    pod: PodName,
+    body: Annotated[SuspendRequest, Body()],
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    suspending: Suspending,
+    gateway: Gate,
+) -> Any:
+    authz.require(caller, "delete", namespace, pod)
+
+    def suspend() -> dict[str, Any]:
+        done = suspending.suspend_pod(
+            namespace, pod, body.container, body.lock_timeout_seconds, caller.name
+        )
+        return kube_object("GPUMount", pod, done, namespace)
+
+    sent = body.model_dump(by_alias=True, exclude_none=True)
+    return local_or_forward(suspend, request, caller, gateway, sent)
+
+
+@router.post(f"{GPUMOUNT}/resume")
+def resume_gpumount(
+    namespace: Namespace,
+    pod: PodName,
+    body: Annotated[ResumeRequest, Body()],
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    suspending: Suspending,
+    gateway: Gate,
+) -> Any:
+    authz.require(caller, "create", namespace, pod)
+
+    def resume() -> dict[str, Any]:
+        done = suspending.resume_pod(namespace, pod, body.container, body.mount, caller.name)
+        return kube_object("GPUMount", pod, done, namespace)
+
+    sent = body.model_dump(by_alias=True, exclude_none=True)
+    return local_or_forward(resume, request, caller, gateway, sent)

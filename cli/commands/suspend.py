@@ -1,0 +1,129 @@
+"""`nvcli suspend` and `nvcli resume`: take a pod's hot-mounted GPUs away with its CUDA
+processes kept (their GPU memory moved into host memory), and give a GPU back
+(docs/api.md, "Suspend and resume").
+
+On a terminal a spinner runs while the agent works (the call is one request: the
+summary of processes kept and memory moved comes when it is done); `-o json` and
+`-o yaml` print only the result. Imports stay lazy: the client and the agent's models
+load when a command runs (tests/cli/test_imports.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from cli.options import Common
+from cli.output import Waiting, render
+from cli.reach import UsageError, make_client, namespace_of
+from cli.wiring import with_common
+
+Name = Annotated[str | None, typer.Option("--name", metavar="POD", help="the pod")]
+Container = Annotated[
+    str | None, typer.Option("--container", metavar="NAME", help="container name")
+]
+
+
+@with_common
+def suspend(
+    opts: Common,
+    name: Name = None,
+    container: Container = None,
+    lock_timeout: Annotated[
+        float,
+        typer.Option(
+            "--lock-timeout",
+            metavar="SECONDS",
+            min=0.1,
+            max=300,
+            help="how long each CUDA process may take to lock",
+        ),
+    ] = 10.0,
+) -> None:
+    """Take a pod's hot-mounted GPUs away, keeping its processes and their GPU memory.
+
+    Each CUDA process is checkpointed: its GPU memory moves into its host memory (the
+    container's memory limit must have room) and the GPU goes back to the node.
+
+    \b
+    Example:
+      nvcli suspend --name notebook-0
+    """
+    pod = _pod(opts, name)
+    body = {"lockTimeoutSeconds": lock_timeout, **({"container": container} if container else {})}
+    with make_client(opts) as client, Waiting("suspending (checkpointing GPU memory)..."):
+        data = _post(client, namespace_of(opts), pod, "suspend", body)
+    from agent.schemas import SuspendResult
+
+    result = SuspendResult.model_validate(data)
+    if opts.fmt != "table":
+        typer.echo(render(result, opts.fmt))
+        return
+    moved = result.host_bytes >> 20
+    typer.echo(
+        f"suspended {', '.join(result.suspended)} of {result.pod}/{result.container}: "
+        f"{len(result.processes)} processes kept, {moved} MiB of GPU memory in host memory"
+    )
+
+
+@with_common
+def resume(
+    opts: Common,
+    name: Name = None,
+    container: Container = None,
+    mount: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mount",
+            metavar="INDEX|UUID",
+            help="the GPU to resume onto (default: the same if free, else one of its model)",
+        ),
+    ] = None,
+) -> None:
+    """Give a suspended pod a GPU of the same model and restore its processes onto it.
+
+    \b
+    Example:
+      nvcli resume --name notebook-0
+      nvcli resume --name notebook-0 --mount 1
+    """
+    pod = _pod(opts, name)
+    body: dict[str, Any] = {"container": container} if container else {}
+    if mount:
+        body["mount"] = [ref for value in mount for ref in value.split(",") if ref]
+    with make_client(opts) as client, Waiting("resuming (restoring GPU memory)..."):
+        data = _post(client, namespace_of(opts), pod, "resume", body)
+    from agent.schemas import ResumeResult
+
+    result = ResumeResult.model_validate(data)
+    if opts.fmt != "table":
+        typer.echo(render(result, opts.fmt))
+        return
+    onto = ", ".join(
+        old if old == new else f"{old} onto {new}" for old, new in result.resumed.items()
+    )
+    typer.echo(
+        f"resumed {onto} in {result.pod}/{result.container}: "
+        f"{len(result.processes)} processes restored"
+    )
+
+
+def _pod(opts: Common, name: str | None) -> str:
+    if opts.local:
+        raise UsageError("suspend and resume go through an agent: --local is not supported")
+    if not name:
+        raise UsageError("Missing option '--name' (the pod)")
+    return name
+
+
+def _post(client: Any, namespace: str, pod: str, verb: str, body: dict[str, Any]) -> Any:
+    """The agent's /v1 route, or the aggregated API's GPUMount subresource."""
+    from cli.client import AGGREGATED_PREFIX, AgentTransport
+
+    transport = client.transport
+    if isinstance(transport, AgentTransport):
+        return transport._call("POST", f"/v1/namespaces/{namespace}/pods/{pod}/{verb}", body=body)
+    path = f"{AGGREGATED_PREFIX}/namespaces/{namespace}/gpumounts/{pod}/{verb}"
+    answer = transport._call("POST", path, body=body)
+    return answer.get("status") if isinstance(answer, dict) else answer

@@ -1,0 +1,464 @@
+"""Suspend: take a container's hot-mounted GPUs away, its CUDA processes kept alive and
+their GPU memory moved into host memory. Resume: mount a GPU of the same model and
+restore every suspended process onto it.
+
+Suspend: find the processes (fds on the GPUs' nodes, NVML's lists), check the memory
+cgroup's room, then lock each (a bounded wait), checkpoint each, check that nothing
+holds a node that leaves, and unmount. Resume: choose the GPUs, mount them, restore,
+unlock. The ledger's `suspension` is written before each step: a crash part-way is
+finished or rolled back by `reconcile`, and no process is left LOCKED (holding the GPU,
+its CUDA calls blocked). A process is named to the driver by host PID only while a pidfd
+shows it alive, and in reconcile only with its recorded start time, in the container.
+
+The container's operation lock is taken by each engine step (mount, unmount, a record
+update); a second lock of its own (`<key>#suspend`) keeps suspensions and resumes of one
+container apart, and reconcile out of one that runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from hotmount import liveness, plan
+from hotmount.containers import Container, ContainerRef
+from hotmount.errors import HotmountError, KernelError
+from hotmount.ledger import ContainerRecord, CudaProcess, SuspendedGpu, Suspension, now
+from hotmount.suspend import choose, memory, nvml
+from hotmount.suspend.cuda import CheckpointApi, CudaError, find_libcuda
+from hotmount.suspend.model import ResumeResult, SuspendResult, gpu_uuid, listing
+from hotmount.usage import Pinned
+
+if TYPE_CHECKING:
+    from hotmount.engine import Engine
+    from hotmount.results import ReconcileReport
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, dict[str, object]], None]
+# The mount metadata that names a holder or pin pod (agent/node/pins.py): released by the
+# caller on suspend, so a resume does not name it again.
+_HOLDER_POD_KEYS = frozenset({"holder", "holderUid", "holderKind"})
+DEFAULT_LOCK_TIMEOUT = 10.0  # seconds a process may take to drain its GPU work and lock
+
+
+def _quiet(event: str, details: dict[str, object]) -> None:
+    return None
+
+
+class Suspender:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # -- the node's driver
+    def api(self) -> CheckpointApi:
+        root = self.engine.config.driver_root
+        if root is None:
+            raise choose.CheckpointUnsupported(
+                "suspend needs the node's libcuda.so.1: the agent has no driver root set"
+            )
+        library = find_libcuda(self.engine.driver_host.path(root))
+        if library is None:
+            raise choose.CheckpointUnsupported(f"no libcuda.so.1 under the driver root {root}")
+        return CheckpointApi(library)
+
+    # -- suspend
+    def suspend(
+        self,
+        ref: str | ContainerRef | Container,
+        *,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        progress: Progress = _quiet,
+    ) -> SuspendResult:
+        engine = self.engine
+        container, alive = engine._enter(ref)
+        with alive, self._suspend_lock(container.key):
+            record = self._finish_first(container)
+            if record is not None and record.suspended:
+                raise choose.AlreadySuspended(
+                    f"container {container.key}'s GPUs are suspended already"
+                )
+            keys = self._gpus(record)
+            if record is None or not keys:
+                raise choose.NotSuspended(f"container {container.key} has no hot-mounted GPU")
+            api = self.api()
+            version = api.version()
+            choose.require_checkpoint(version)
+            uuids = {k: gpu_uuid(d) for k in keys if (d := engine.inventory.get(k))}
+            view = nvml.look([u for u in uuids.values() if u])
+            if view is None:
+                raise choose.CheckpointUnsupported(
+                    "NVML does not load: the GPU memory to move cannot be known; "
+                    "nothing was changed"
+                )
+            leaving = plan.nodes_to_remove(record, keys)
+            numbers = {(n.major, n.minor) for n in leaving}
+            with Pinned.pin(container.pids) as pinned:
+                found = {h.pid for h in pinned.holders(engine.host.proc, numbers)}
+                found |= set(view.processes) & set(pinned.pids)
+                processes = [
+                    CudaProcess(
+                        pid=pid,
+                        start_time=liveness.start_time(engine._proc, pid),
+                        gpu_bytes=view.processes.get(pid, 0),
+                    )
+                    for pid in sorted(found)
+                ]
+                need = sum(p.gpu_bytes for p in processes)
+                room = memory.room(engine.host, container.init_pid)
+                choose.require_room(need, room, container.key)
+                progress("found", {"processes": len(processes), "gpuBytes": need})
+                step = Suspension(op="suspend", step="locking", devices=keys, processes=processes)
+                self._save(container.key, suspension=step)
+                progress("step", {"step": "locking"})
+                self._lock_all(api, pinned, processes, lock_timeout, progress, container.key)
+                step = step.model_copy(update={"step": "checkpointing"})
+                self._save(container.key, suspension=step)
+                progress("step", {"step": "checkpointing"})
+                self._checkpoint_all(api, pinned, processes, progress, container.key)
+            try:
+                record = self._load(container.key)
+                engine.use.clear(engine.inventory, container, record, keys, leaving, False, True)
+            except HotmountError:
+                self._roll_back(api, container, processes)
+                raise
+            suspended = {
+                k: SuspendedGpu(
+                    device=record.devices[k],
+                    uuid=uuids.get(k) or "",
+                    model=view.models.get(uuids.get(k) or ""),
+                    suspended_at=now(),
+                )
+                for k in keys
+            }
+            self._save(
+                container.key,
+                suspension=step.model_copy(update={"step": "unmounting"}),
+                suspended=suspended,
+                suspended_processes=processes,
+            )
+            progress("step", {"step": "unmounting"})
+            self._unmount(container, keys, api, processes)
+            progress("unmounted", {"devices": keys})
+            self._save(container.key, suspension=None)
+            log.info("suspended %s of %s (%d processes)", keys, container.key, len(processes))
+            return SuspendResult(container.as_dict(), keys, listing(processes))
+
+    def _lock_all(
+        self,
+        api: CheckpointApi,
+        pinned: Pinned,
+        processes: list[CudaProcess],
+        timeout: float,
+        progress: Progress,
+        key: str,
+    ) -> None:
+        locked: list[CudaProcess] = []
+        for process in processes:
+            try:
+                _check_pinned(pinned, process.pid)
+                api.lock(process.pid, timeout)
+            except (CudaError, KernelError) as exc:
+                for done in reversed(locked):
+                    _try(api.unlock, done.pid)
+                self._save(key, suspension=None)
+                raise choose.ProcessWontLock(
+                    f"PID {process.pid} did not lock within {timeout:g}s ({exc.message}); "
+                    "every process locked before was unlocked, nothing was changed"
+                ) from exc
+            locked.append(process)
+            progress("locked", {"pid": process.pid})
+
+    def _checkpoint_all(
+        self,
+        api: CheckpointApi,
+        pinned: Pinned,
+        processes: list[CudaProcess],
+        progress: Progress,
+        key: str,
+    ) -> None:
+        for i, process in enumerate(processes):
+            try:
+                _check_pinned(pinned, process.pid)
+                api.checkpoint(process.pid)
+            except (CudaError, KernelError) as exc:
+                for done in processes[:i]:
+                    _try(api.restore, done.pid, [])
+                for done in processes:
+                    _try(api.unlock, done.pid)
+                self._save(key, suspension=None)
+                raise KernelError(
+                    f"checkpointing PID {process.pid} failed ({exc.message}); every process "
+                    "was restored and unlocked, nothing was changed"
+                ) from exc
+            progress("checkpointed", {"pid": process.pid, "gpuBytes": process.gpu_bytes})
+
+    def _unmount(
+        self,
+        container: Container,
+        keys: list[str],
+        api: CheckpointApi,
+        processes: list[CudaProcess],
+    ) -> None:
+        record = self._load(container.key)
+        if record.pending is None and all(k in record.devices for k in keys):
+            try:
+                self.engine.unmount(container, keys)
+            except HotmountError:
+                record = self._load(container.key)
+                if record.pending is None and all(k in record.devices for k in keys):
+                    self._roll_back(api, container, processes)
+                raise
+        elif any(k in record.devices for k in keys):
+            self.engine.unmount(container, [k for k in keys if k in record.devices])
+
+    def _roll_back(
+        self, api: CheckpointApi, container: Container, processes: list[CudaProcess]
+    ) -> None:
+        """Back to running on the GPUs still mounted: restore whoever is checkpointed,
+        unlock whoever is locked; the suspension forgotten."""
+        for process in self._still_there(container, processes):
+            state = _try(api.state, process.pid)
+            if state == "checkpointed":
+                _try(api.restore, process.pid, [])
+                state = _try(api.state, process.pid)
+            if state == "locked":
+                _try(api.unlock, process.pid)
+        self._save(container.key, suspension=None, suspended={}, suspended_processes=[])
+
+    # -- resume
+    def resume(
+        self,
+        ref: str | ContainerRef | Container,
+        *,
+        onto: list[str] | None = None,
+        unavailable: frozenset[str] = frozenset(),
+        progress: Progress = _quiet,
+    ) -> ResumeResult:
+        """`onto`: GPUs (keys, UUIDs) to resume onto, one per suspended GPU; `unavailable`:
+        keys the caller knows are taken (the kubelet gave them to another pod)."""
+        engine = self.engine
+        container, alive = engine._enter(ref)
+        with alive, self._suspend_lock(container.key):
+            record = self._finish_first(container)
+            if record is None or not record.suspended:
+                raise choose.NotSuspended(f"container {container.key} has no suspended GPU")
+            api = self.api()
+            version = api.version()
+            choose.require_checkpoint(version)
+            chosen = self._choose(record, onto, unavailable)
+            moves = {record.suspended[o].uuid: c.uuid for o, c in chosen.items() if c.key != o}
+            choose.require_moves(version, moves)
+            processes = record.suspended_processes
+            step = Suspension(
+                op="resume",
+                step="mounting",
+                devices=list(record.suspended),
+                processes=processes,
+                targets={o: c.key for o, c in chosen.items()},
+            )
+            self._save(container.key, suspension=step)
+            progress("step", {"step": "mounting"})
+            try:
+                self._mount(container, record, step.targets)
+            except HotmountError:
+                self._save(container.key, suspension=None)
+                raise
+            progress("mounted", {"devices": list(step.targets.values())})
+            self._save(container.key, suspension=step.model_copy(update={"step": "restoring"}))
+            progress("step", {"step": "restoring"})
+            self._restore_all(api, container, processes, list(moves.items()), progress)
+            self._save(container.key, suspension=None, suspended={}, suspended_processes=[])
+            log.info("resumed %s of %s onto %s", list(chosen), container.key, step.targets)
+            return ResumeResult(container.as_dict(), dict(step.targets), listing(processes))
+
+    def _choose(
+        self, record: ContainerRecord, onto: list[str] | None, unavailable: frozenset[str]
+    ) -> dict[str, choose.Candidate]:
+        engine = self.engine
+        gpus = [d for d in engine.inventory.devices if gpu_uuid(d)]
+        view = nvml.look([gpu_uuid(d) or "" for d in gpus])
+        models = view.models if view else {}
+        held = engine.holders()
+        free = [
+            choose.Candidate(d.key, gpu_uuid(d) or "", models.get(gpu_uuid(d) or ""))
+            for d in gpus
+            if d.key not in held and d.key not in unavailable and d.mig is None
+        ]
+        old = [choose.Candidate(k, s.uuid, s.model) for k, s in record.suspended.items()]
+        return choose.targets(old, free, onto)
+
+    def _mount(
+        self, container: Container, record: ContainerRecord, targets: dict[str, str]
+    ) -> None:
+        fresh = self._load(container.key)
+        if all(new in fresh.devices for new in targets.values()):
+            return  # mounted before a crash
+        first = record.suspended[next(iter(targets))].device
+
+        def kept(metadata: dict[str, str]) -> dict[str, str]:  # its pin or holder pod is gone
+            return {k: v for k, v in metadata.items() if k not in _HOLDER_POD_KEYS}
+
+        self.engine.mount(
+            container,
+            list(targets.values()),
+            metadata=kept(first.metadata),
+            group=first.group,
+            share_with=first.shared_with,
+            device_metadata={
+                n: kept(record.suspended[o].device.metadata) for o, n in targets.items()
+            },
+        )
+
+    def _restore_all(
+        self,
+        api: CheckpointApi,
+        container: Container,
+        processes: list[CudaProcess],
+        pairs: list[tuple[str, str]],
+        progress: Progress,
+    ) -> None:
+        restored: list[CudaProcess] = []
+        for process in self._still_there(container, processes):
+            state = _try(api.state, process.pid)
+            try:
+                if state == "checkpointed":
+                    api.restore(process.pid, pairs)
+            except (CudaError, KernelError) as exc:
+                self._back_to_suspended(api, container, restored)
+                raise choose.RestoreFailed(
+                    f"restoring PID {process.pid} failed: {exc.message}; the process stays "
+                    "suspended and the GPU was unmounted"
+                ) from exc
+            restored.append(process)
+            progress("restored", {"pid": process.pid, "gpuBytes": process.gpu_bytes})
+        for process in restored:
+            if _try(api.state, process.pid) == "locked":
+                api.unlock(process.pid)
+            progress("unlocked", {"pid": process.pid})
+
+    def _back_to_suspended(
+        self, api: CheckpointApi, container: Container, restored: list[CudaProcess]
+    ) -> None:
+        """A restore failed: whoever was restored is checkpointed again (it is still
+        locked), and the GPUs the resume mounted leave; the suspension stays as it was."""
+        for process in restored:
+            _try(api.checkpoint, process.pid)
+        record = self._load(container.key)
+        step = record.suspension
+        mounted = [new for new in (step.targets.values() if step else []) if new in record.devices]
+        if mounted:
+            self.engine.unmount(container, mounted)
+        self._save(container.key, suspension=None)
+
+    # -- reconcile
+    def reconcile(self, report: ReconcileReport | None = None) -> int:
+        """Finish or roll back every suspension a crash left part-way; returns how many."""
+        done = 0
+        for record in self.engine.ledger.records():
+            if record.suspension is None:
+                continue
+            container = self.engine._live(record)
+            if container is None:
+                continue  # the engine's reconcile forgets it with its record
+            try:
+                with self.engine.ledger.try_lock(f"{record.key}#suspend") as mine:
+                    if not mine:
+                        continue  # a suspend or resume runs: it finishes its own steps
+                    self._finish_first(container)
+                done += 1
+            except HotmountError as exc:
+                log.warning("reconcile of %s's suspension: %s", record.key, exc.message)
+                if report is not None:
+                    report.errors[record.key] = exc.message
+        return done
+
+    def _finish_first(self, container: Container) -> ContainerRecord | None:
+        """A suspension a crash left part-way: locking or checkpointing rolls back; an
+        unmount goes on; a resume's mount rolls back, its restores go on."""
+        record = self.engine.ledger.load(container.key)
+        if record is None or record.suspension is None:
+            return record
+        step = record.suspension
+        api = self.api()
+        log.info("finishing %s's %s, left at %s", container.key, step.op, step.step)
+        if step.op == "suspend" and step.step in ("locking", "checkpointing"):
+            self._roll_back(api, container, step.processes)
+        elif step.op == "suspend":
+            self._unmount(container, step.devices, api, step.processes)
+            self._save(container.key, suspension=None)
+        elif step.step == "mounting":
+            record = self._load(container.key)
+            self._back_to_suspended(api, container, [])
+        else:
+            pairs = [
+                (record.suspended[o].uuid, self._uuid_of(n))
+                for o, n in step.targets.items()
+                if o != n
+            ]
+            self._restore_all(api, container, step.processes, pairs, _quiet)
+            self._save(container.key, suspension=None, suspended={}, suspended_processes=[])
+        return self.engine.ledger.load(container.key)
+
+    # -- helpers
+    def _uuid_of(self, key: str) -> str:
+        device = self.engine.inventory.get(key)
+        return (gpu_uuid(device) if device else None) or ""
+
+    def _gpus(self, record: ContainerRecord | None) -> list[str]:
+        if record is None:
+            return []
+        found = []
+        for key, entry in record.devices.items():
+            device = self.engine.inventory.get(key)
+            if device is not None and gpu_uuid(device) and not entry.with_devices:
+                found.append(key)
+        return found
+
+    def _still_there(self, container: Container, processes: list[CudaProcess]) -> list[CudaProcess]:
+        """The processes that still run in the container: the same start time, and still
+        in its cgroup (a PID reused by another process anywhere is not touched)."""
+        members = set(container.pids())
+        out = []
+        for process in processes:
+            try:
+                same = liveness.start_time(self.engine._proc, process.pid) == process.start_time
+            except HotmountError:
+                continue
+            if same and process.pid in members:
+                out.append(process)
+        return out
+
+    @contextmanager
+    def _suspend_lock(self, key: str) -> Iterator[None]:
+        with self.engine.ledger.lock(f"{key}#suspend"):
+            yield
+
+    def _load(self, key: str) -> ContainerRecord:
+        record = self.engine.ledger.load(key)
+        if record is None:
+            raise KernelError(f"the ledger record of {key} is gone mid-operation")
+        return record
+
+    def _save(self, key: str, **changes: object) -> None:
+        with self.engine.ledger.lock(key):
+            record = self._load(key)
+            for name, value in changes.items():
+                setattr(record, name, value)
+            self.engine.ledger.save(record)
+
+
+def _check_pinned(pinned: Pinned, pid: int) -> None:
+    if pid not in pinned.pids or not pinned.alive(pid):
+        raise KernelError(f"PID {pid} has exited")
+
+
+def _try(call: Callable[..., object], *args: object) -> object:
+    """A step of a rollback: its failure is logged, and the rollback goes on."""
+    try:
+        return call(*args)
+    except HotmountError as exc:
+        log.warning("rollback step %s%s: %s", getattr(call, "__name__", call), args, exc.message)
+        return None

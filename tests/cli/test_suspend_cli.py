@@ -1,0 +1,67 @@
+"""`nvcli suspend` and `nvcli resume` against a real agent with the stand-in CUDA driver
+(tests/support/suspend_world.py): what a user types, what comes back, the exit codes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agent.conftest import ALICE
+from tests.cli.conftest import Run
+from tests.support.cuda_standin import MODEL, A, B, StandIn, build_standin, status
+from tests.support.suspend_world import PODS, World
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> StandIn:
+    return build_standin(tmp_path_factory.mktemp("suspend-cli"))
+
+
+@pytest.fixture
+def world(tmp_path: Path, standin: StandIn) -> Iterator[World]:
+    made = World(tmp_path, standin)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_suspend_then_resume(world: World, nvcli: Callable[..., Run]) -> None:
+    container, pid = world.notebook()
+    flags = ["--agent", world.agent.url, "--token", ALICE, "-n", "default"]
+
+    done = nvcli("suspend", "--name", "nb", *flags)
+    assert done.rc == 0, done.err
+    assert done.out.strip() == (
+        f"suspended {A} of nb/main: 1 processes kept, 512 MiB of GPU memory in host memory"
+    )
+    assert status(container) == "checkpointed - pattern=ok"
+
+    back = nvcli("resume", "--name", "nb", "-o", "json", *flags)
+    assert back.rc == 0, back.err
+    assert back.json()["resumed"] == {A: A} and back.err == ""  # quiet: JSON alone
+    assert back.json()["processes"] == [{"pid": pid, "gpuBytes": 512 << 20}]
+    assert status(container) == "running /dev/nvidia0 pattern=ok"
+
+
+def test_no_gpu_free_exits_3_and_says_so(world: World, nvcli: Callable[..., Run]) -> None:
+    world.notebook()
+    world.cluster.pod("other")
+    flags = ["--agent", world.agent.url, "--token", ALICE, "-n", "default"]
+    assert nvcli("suspend", "--name", "nb", *flags).rc == 0
+    with world.agent.client(ALICE) as api:
+        taken = api.post(f"{PODS}/other/devices", json={"devices": [A, B]})
+    assert taken.status_code == 200, taken.text
+
+    refused = nvcli("resume", "--name", "nb", *flags)
+    assert refused.rc == 3, refused.err
+    assert f"no GPU of model {MODEL} is free on this node" in refused.err
+
+
+def test_suspend_needs_a_pod(nvcli: Callable[..., Run]) -> None:
+    done = nvcli("suspend", "--agent", "http://127.0.0.1:9", "--token", "t")
+    assert done.rc == 2 and "Missing option '--name'" in done.err

@@ -1,0 +1,46 @@
+"""A fake cluster (tests/agent/conftest.py's) whose agent has the stand-in CUDA driver
+(tests/support/cuda_standin.py): for suspend and resume over HTTP and through nvcli."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.agent.conftest import ALICE, Cluster
+from tests.fakes import nvml
+from tests.support.agent import AgentProcess
+from tests.support.cuda_standin import A, StandIn, nvml_config, start_cuda
+from tests.support.runc import RuncContainer
+
+PODS = "/v1/namespaces/default/pods"
+
+
+class World:
+    def __init__(self, tmp: Path, standin: StandIn) -> None:
+        self.cluster = Cluster(tmp, standin.rootfs, standin.cdi_dir)
+        self.nvml_config = nvml_config(tmp / "nvml.conf", [])
+        cuda_state = tmp / "cuda-state"
+        cuda_state.mkdir()
+        env = nvml.env(standin.nvml_dir, self.nvml_config, base={})
+        env |= {"FAKE_CUDA_STATE_DIR": str(cuda_state), "FAKE_CUDA_DRIVER_VERSION": "13000"}
+        self.agent: AgentProcess = self.cluster.agent(
+            extra=["--driver-root", str(standin.driver_root)], env=env
+        )
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def notebook(self, name: str = "nb") -> tuple[RuncContainer, int]:
+        """A pod with GPU A hot-mounted and a CUDA process on it."""
+        container = self.cluster.pod(name)
+        with self.agent.client(ALICE) as api:
+            mounted = api.post(f"{PODS}/{name}/devices", json={"devices": [A]})
+        assert mounted.status_code == 200, mounted.text
+        proc, pid = start_cuda(container)
+        self.processes.append(proc)
+        nvml_config(self.nvml_config, [pid])
+        return container, pid
+
+    def close(self) -> None:
+        for proc in self.processes:
+            proc.kill()
+            proc.communicate()
+        self.cluster.close()
