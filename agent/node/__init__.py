@@ -26,6 +26,7 @@ from agent.node.locks import ContainerLocks
 from agent.node.mounting import Mounting
 from agent.node.moves import Moves
 from agent.node.pins import Pins
+from agent.node.plugin_pins import PluginPins
 from agent.node.reconcile import ReconcilePass
 from agent.node.remounts import Remounts
 from agent.node.suspending import Suspending
@@ -61,7 +62,8 @@ class Node:
         holders = HolderPods(settings, engine, kube, locks, resources)
         kubelet = KubeletBooks(settings, engine, kube, podresources, resources)
         accounting = Accounting(settings, engine, kube, podresources, resources)
-        pins = Pins(settings, engine, kube, kubelet, holders, accounting, resources)
+        plugin_pins = PluginPins(settings, engine, kube, kubelet, holders)
+        pins = Pins(settings, engine, kube, kubelet, holders, accounting, resources, plugin_pins)
         idle_reclaim = IdleReclaim(settings, engine, kube, metrics, locks, holders)
         desired = DesiredMounts(settings.state_dir)
         mounting = Mounting(

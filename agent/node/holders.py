@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 HOLDER_PREFIX = "hotmount-holder-"
 PIN_PREFIX = "hotmount-pin-"
+BLOCKER_PREFIX = "hotmount-blocker-"
 HOLDER_LABEL = "hotmount.io/holder-for"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-hotmount")
 HOLDER_SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{HOLDER_LABEL}"
@@ -49,10 +50,12 @@ DEVICE_ANNOTATION = "hotmount.io/device"
 
 class Role(StrEnum):
     """A count holder stands for GPUs mounted by count; a pin for one GPU mounted by
-    name (a scout is a pin before it is known to hold the wanted GPU)."""
+    name; a blocker holds a free GPU for a moment while a pin is made (in the agent's own
+    namespace, owned by the agent's pod: agent/node/plugin_pins.py)."""
 
     COUNT = "count"
     PIN = "pin"
+    BLOCKER = "blocker"
 
 
 def holder_priority_class(settings: AgentSettings, target: PodInfo) -> str | None:
@@ -162,8 +165,10 @@ class HolderPods:
 
     @contextmanager
     def turn(self) -> Iterator[None]:
-        """One holder-making mount at a time on this node: a pin's scouts take every free
-        GPU for a moment, and a count holder made meanwhile would find none."""
+        """One holder-making mount at a time on this node: a pin's blockers take every free
+        GPU for a moment, and a count holder or another pin made meanwhile would find none.
+        A turn lasts until the kubelet has admitted the pin (well under a second), not until
+        any pod runs."""
         with self._turns:
             yield
 
@@ -183,6 +188,8 @@ class HolderPods:
 
     @staticmethod
     def new_name(target: PodInfo, role: Role = Role.COUNT) -> str:
+        if role is Role.BLOCKER:
+            return f"{BLOCKER_PREFIX}{secrets.token_hex(4)}"
         prefix = PIN_PREFIX if role is Role.PIN else HOLDER_PREFIX
         return f"{prefix}{target.name[:40]}-{secrets.token_hex(3)}"
 

@@ -24,7 +24,7 @@ from hotmount import claims
 from hotmount import engine as eng
 from hotmount.claims import Claim, Footprint
 from hotmount.devices import rdma
-from hotmount.devices.model import Device
+from hotmount.devices.model import Device, DeviceKind
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,12 @@ class KubeletHold:
             self.footprint,
             holder={"namespace": a.pod_namespace, "pod": a.pod_name, "container": a.container_name},
         )
+
+
+@dataclass(frozen=True)
+class GpuBooks:
+    given: dict[tuple[str, str], list[str]]  # (namespace, pod) to inventory keys
+    free: list[str]  # inventory keys of the devices the kubelet gave no pod
 
 
 @dataclass(frozen=True)
@@ -211,8 +217,10 @@ class KubeletBooks:
                     and other.namespace == target.namespace
                 ):
                     continue  # our own holder for this very pod
-                if other.labels.get(ROLE_LABEL) == Role.PIN:
-                    continue  # it stands for a hot-mount, whose claim decides, by name
+                if other.labels.get(ROLE_LABEL) in (Role.PIN, Role.BLOCKER):
+                    # A pin stands for a hot-mount, whose claim decides, by name; a
+                    # blocker holds a free GPU for a moment while a pin is made.
+                    continue
                 raise AllocatedToPod(
                     f"device {device_label(device)} is the same physical device the kubelet "
                     f"allocated to running pod {owner[0]}/{owner[1]} (as {blocker.device}); "
@@ -269,22 +277,35 @@ class KubeletBooks:
                 given[a.pod_name].append(device.key)
         return {name: list(dict.fromkeys(keys)) for name, keys in given.items()}
 
-    def free_count(self) -> int:
-        """How many `gpu_resource` devices the kubelet has not given to any pod: what it
-        offers (GetAllocatableResources, or the node's allocatable on a 1.20 kubelet)
-        less what PodResources lists as given."""
+    def gpu_books(self, free: bool = True) -> GpuBooks:
+        """One read of the kubelet's `gpu_resource` books: the devices each pod was given
+        (from its admission on: the device manager allocates then, before any container
+        starts), and, with `free`, the devices given to none."""
         resource = self.settings.gpu_resource
-        allocations = self._allocations("pinning a GPU")
-        used = {d for a in allocations if a.resource_name == resource for d in a.device_ids}
+        given: dict[tuple[str, str], list[str]] = {}
+        used: set[str] = set()
+        for a in self._allocations("pinning a GPU"):
+            if a.resource_name != resource:
+                continue
+            keys = given.setdefault((a.pod_namespace, a.pod_name), [])
+            for device_id in a.device_ids:
+                used.add(device_id)
+                device = self.engine.inventory.kubelet_device(device_id)
+                if device is not None and device.key not in keys:
+                    keys.append(device.key)
+        if not free:
+            return GpuBooks(given, [])
         assert self.podresources is not None
         try:
             offered = self.podresources.allocatable(resource)
         except PodResourcesError as exc:
             raise UpstreamError(f"PodResources: {exc}") from exc
-        if offered is not None:
-            return len(set(offered) - used)
-        node = self.settings.node_name or ""
-        return max(require_kube(self.kube).node_allocatable(node, resource) - len(used), 0)
+        inventory = self.engine.inventory
+        if offered is None:  # a 1.20 kubelet: the plugin offers every GPU (accounting.py)
+            offered = [d.key for d in inventory.devices if d.kind is DeviceKind.GPU]
+        taken = {k for keys in given.values() for k in keys}
+        keys = [d.key for i in offered if i not in used and (d := inventory.kubelet_device(i))]
+        return GpuBooks(given, [k for k in dict.fromkeys(keys) if k not in taken])
 
     def _allocations(self, needed_for: str) -> list[Allocation]:
         if self.podresources is None:

@@ -4,11 +4,12 @@ A hot-mount the kubelet does not know about is a GPU it will hand to the next GP
 So a mount by name first gets a *pin*, a holder pod that the books give exactly that
 GPU, in the target's namespace (its ResourceQuota is charged):
 
-- device plugin: the kubelet cannot be asked for one device, only for a count. The pin
-  holds every free GPU at once with 1-GPU *scouts*, keeps the scout that was given the
-  wanted GPU and deletes the others: bounded by the node's GPU count, and done one
-  mount at a time on the node (`HolderPods.turn`);
-- DRA: a ResourceClaim selecting the GPU by UUID, and a holder pod that references it;
+- device plugin: the kubelet cannot be asked for one device, only for a count. Blockers
+  in the agent's own namespace take every other free GPU, and the pin takes the one
+  left; decided when the kubelet admits the pods, not when they run, one mount at a
+  time on the node (`HolderPods.turn`): agent/node/plugin_pins.py;
+- DRA: a ResourceClaim selecting the GPU by UUID, and a holder pod that references it,
+  done once the claim is allocated and the pin bound;
 - a GPU no one else manages needs no pin: the agent is its only allocator.
 
 A pin is recorded with its mount as `holder`/`holderUid`, like a count holder: unmount
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.config import AgentSettings
-from agent.errors import QuotaExceeded, Unschedulable, UpstreamError
+from agent.errors import QuotaExceeded, Timeout, Unschedulable, UpstreamError
 from agent.kube.client import KubeClient, PodInfo, owner_reference
 from agent.kube.dra import ResourceApi
 from agent.node import dra
@@ -41,6 +42,7 @@ from agent.node.holders import (
     holder_manifest,
 )
 from agent.node.kubelet import KubeletBooks
+from agent.node.plugin_pins import PluginPins, is_blocker
 from agent.node.results import device_label, require_kube
 from hotmount import claims
 from hotmount import engine as eng
@@ -49,6 +51,7 @@ from hotmount.devices.model import Device, DeviceKind
 
 log = logging.getLogger(__name__)
 
+CLAIM_POLL = 0.05  # seconds between two looks at a DRA pin and its claim
 HOLDER_KIND = "holderKind"  # ledger metadata: "pin" for a pin (a count holder has none)
 
 
@@ -87,6 +90,7 @@ class Pins:
     holders: HolderPods
     accounting: Accounting
     resources: ResourceApi | None
+    plugin: PluginPins
 
     @contextmanager
     def pinned(
@@ -98,11 +102,15 @@ class Pins:
             yield {}
             return
         books = self.accounting.books(strict=True)
-        pins, needed = self._existing(target, devices, share, force, books)
         made: list[Holder] = []
-        if needed:
+        pins: dict[str, Holder] = {}
+        needed: dict[str, Device] = {}
+        if any(self.accounting.case(d, books) is not Management.UNMANAGED for d in devices):
+            # The kubelet's books are read within the turn: another mount's blockers are
+            # gone from them by then.
             with self.holders.turn():
-                made = self._make(target, needed, books)
+                pins, needed = self._existing(target, devices, share, force, books)
+                made = self._make(target, needed, books) if needed else []
         pins.update({key: holder for key, holder in zip(needed, made, strict=True)})
         try:
             with self.holders.in_flight(target.namespace, [h.name for h in made]):
@@ -133,7 +141,12 @@ class Pins:
             if self.accounting.case(device, books) is Management.UNMANAGED:
                 continue
             footprint = inventory.footprint(device)
-            given = [h for h in holds if h.footprint.overlaps(footprint)]
+            given = [
+                h
+                for h in holds
+                if h.footprint.overlaps(footprint)
+                and not is_blocker(h.allocation.pod_namespace, h.allocation.pod_name, self.settings)
+            ]
             owners = {(h.allocation.pod_namespace, h.allocation.pod_name) for h in given}
             if not owners:
                 needed[device.key] = device
@@ -188,109 +201,13 @@ class Pins:
         made: dict[str, Holder] = {}
         try:
             if by_plugin:
-                made.update(self._scout(target, by_plugin))
+                made.update(self.plugin.pin(target, by_plugin))
             for device in by_claim:
                 made[device.key] = self._claim(target, device, books)
         except BaseException:
             self.holders.delete(target.namespace, [h.name for h in made.values()])
             raise
         return [made[key] for key in needed]
-
-    def _scout(self, target: PodInfo, wanted: list[Device]) -> dict[str, Holder]:
-        """Hold every free GPU with a 1-GPU scout; keep the scouts given a wanted GPU."""
-        namespace = target.namespace
-        free = self.kubelet.free_count()
-        if free < len(wanted):
-            raise Unschedulable(
-                f"the kubelet counts {free} {self.settings.gpu_resource} free on this node, "
-                f"and {', '.join(device_label(d) for d in wanted)} must be among them: a pod "
-                "that is starting or terminating may hold it; retry, or pass force"
-            )
-        names = [self.holders.new_name(target, Role.PIN) for _ in range(free)]
-        scouts: list[Holder] = []
-        quota: QuotaExceeded | None = None
-        with self.holders.in_flight(namespace, names):
-            try:
-                for name in names:
-                    try:
-                        scouts.append(self._create_scout(target, name))
-                    except QuotaExceeded as exc:
-                        if not scouts:
-                            raise QuotaExceeded(
-                                f"namespace {namespace} has no room for the pin that keeps "
-                                f"{', '.join(device_label(d) for d in wanted)} in the "
-                                f"scheduler's books: {exc.message}",
-                                exc.details,
-                            ) from exc
-                        quota = exc
-                        break
-                outcome = self.holders.wait_all_running(namespace, [s.name for s in scouts])
-                running = [s.name for s in scouts if outcome[s.name] is None]
-                given = self.kubelet.given_to(namespace, running) if running else {}
-                kept = self._pick(wanted, scouts, given)
-            except BaseException:
-                self.holders.delete(namespace, [s.name for s in scouts])
-                raise
-            others = [s.name for s in scouts if s not in kept.values()]
-            self.holders.delete(namespace, others)
-            self._wait_freed(namespace, others)
-            missing = [d for d in wanted if d.key not in kept]
-            if missing:
-                self.holders.delete(namespace, [h.name for h in kept.values()])
-                labels = ", ".join(device_label(d) for d in missing)
-                if quota is not None:
-                    raise QuotaExceeded(
-                        f"namespace {namespace}'s quota let {len(scouts)} of the {free} free "
-                        f"GPUs be held at once, and the kubelet gave {labels} to none of them "
-                        f"({quota.message}); retry, or raise the quota",
-                        quota.details,
-                    )
-                raise Unschedulable(
-                    f"the kubelet gave {labels} to none of {len(scouts)} pins: another pod "
-                    "took it meanwhile; retry"
-                )
-        log.info(
-            "pinned %s for %s/%s with %d scout(s)",
-            ", ".join(f"{k} as {h.name}" for k, h in kept.items()),
-            namespace,
-            target.name,
-            len(scouts),
-        )
-        return kept
-
-    def _wait_freed(self, namespace: str, names: list[str]) -> None:
-        """Until the kubelet lists none of these deleted scouts as holding a GPU: the next
-        mount's turn (or an ordinary pod) then finds their GPUs free. Bounded by
-        `--holder-timeout`; past it, the next turn merely sees fewer GPUs free."""
-        deadline = time.monotonic() + self.settings.holder_timeout
-        while names and time.monotonic() < deadline:
-            if not any(self.kubelet.given_to(namespace, names).values()):
-                return
-            time.sleep(0.1)
-        if names:
-            log.warning("the kubelet still lists deleted scouts %s", ", ".join(names))
-
-    def _create_scout(self, target: PodInfo, name: str) -> Holder:
-        manifest = holder_manifest(self.settings, target, name, 1, Role.PIN)
-        created = require_kube(self.kube).create_pod(target.namespace, manifest)
-        return Holder(name, created.uid)
-
-    def _pick(
-        self, wanted: list[Device], scouts: list[Holder], given: dict[str, list[str]]
-    ) -> dict[str, Holder]:
-        inventory = self.engine.inventory
-        kept: dict[str, Holder] = {}
-        for device in wanted:
-            footprint = inventory.footprint(device)
-            for scout in scouts:
-                if scout in kept.values():
-                    continue
-                keys = given.get(scout.name, [])
-                devices = [d for k in keys if (d := inventory.get(k)) is not None]
-                if any(inventory.footprint(d).overlaps(footprint) for d in devices):
-                    kept[device.key] = scout
-                    break
-        return kept
 
     def _claim(self, target: PodInfo, device: Device, books: Books) -> Holder:
         """A ResourceClaim for exactly this GPU (by UUID) and a pin pod that uses it."""
@@ -316,8 +233,36 @@ class Pins:
                     holder_manifest(self.settings, target, name, 1, Role.PIN, device.uuid), name
                 )
                 created = require_kube(self.kube).create_pod(namespace, pod)
-                self.holders.wait_running(namespace, name)
+                self._wait_allocated(namespace, name, created.uid)
             except BaseException:
                 self.holders.delete(namespace, [name])
                 raise
         return Holder(name, created.uid)
+
+    def _wait_allocated(self, namespace: str, name: str, uid: str) -> None:
+        """Until the scheduler has allocated the pin's claim, reserved it for the pin and
+        bound the pin to this node: from then on the GPU is the claim's in the books (the
+        kubelet prepares it when it admits the pin). The pin goes on starting in the
+        background; a pin that fails later is found by reconcile (its GPU taken back)."""
+        assert self.resources is not None
+        kube = require_kube(self.kube)
+        deadline = time.monotonic() + self.settings.holder_timeout
+        while True:
+            pod = kube.find_pod(namespace, name)
+            if pod is None or pod.uid != uid:
+                raise Unschedulable(f"pin {namespace}/{name} disappeared")
+            if pod.unschedulable_message:
+                raise Unschedulable(f"no room for {name}: {pod.unschedulable_message}")
+            if pod.phase in ("Failed", "Succeeded"):
+                raise Unschedulable(f"pin {name} was rejected ({pod.phase})")
+            if pod.node_name:
+                status = (self.resources.get_claim(namespace, name) or {}).get("status") or {}
+                reserved = {r.get("uid") for r in status.get("reservedFor") or []}
+                if status.get("allocation") and uid in reserved:
+                    return
+            if time.monotonic() > deadline:
+                raise Timeout(
+                    f"the claim of pin {name} was not allocated and the pin not bound after "
+                    f"{self.settings.holder_timeout:g}s"
+                )
+            time.sleep(CLAIM_POLL)

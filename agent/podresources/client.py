@@ -11,6 +11,7 @@ and which means "unknown" (``allocatable()`` returns ``None``).
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from types import TracebackType
@@ -23,6 +24,27 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # The kubelet's own clients cap messages at 16 MiB (podresources.DefaultMaxMsgSize);
 # a node with many pods easily exceeds gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# The kubelet serves PodResources at 100 calls a second (burst 10) for all its clients
+# together and refuses the rest with RESOURCE_EXHAUSTED "rejected by rate limit". A pin
+# reads it every few tens of milliseconds while the kubelet admits, beside monitoring
+# agents that read it too: a refused call is tried again after a short, growing pause
+# (gRPC's own retry policy: 20 ms, then up to 320 ms, jittered; five calls in all).
+RETRY_RATE_LIMITED = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "v1.PodResourcesLister"}],
+                "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.02s",
+                    "maxBackoff": "0.32s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["RESOURCE_EXHAUSTED"],
+                },
+            }
+        ]
+    }
+)
 
 
 class PodResourcesError(Exception):
@@ -82,7 +104,11 @@ class PodResourcesClient:
         new one connects on the next call. The old one is left to in-flight calls, not closed."""
         self._channel = grpc.insecure_channel(
             _target(self.socket_path),
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.enable_retries", 1),
+                ("grpc.service_config", RETRY_RATE_LIMITED),
+            ],
         )
         self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
 

@@ -555,3 +555,22 @@ def test_stop_releases_port_and_threads(tmp_path: Path) -> None:
     assert not [t for t in threading.enumerate() if t.name == "fake-apiserver"]
     with pytest.raises(httpx.ConnectError):
         httpx.get(url, verify=False)
+
+
+def test_a_call_the_kubelets_rate_limit_refuses_is_tried_again(
+    kubelet: FakePodResourcesServer,
+) -> None:
+    """The kubelet refuses PodResources calls past 100 a second with RESOURCE_EXHAUSTED;
+    the client tries again after a short pause, and fails only when refused throughout."""
+    kubelet.set_allocation("ml", "nb-0", "main", GPU, ["GPU-x"])
+    kubelet.set_allocatable(GPU, ["GPU-x", "GPU-y"])
+    with PodResourcesClient(kubelet.socket_path, timeout=5) as prc:
+        kubelet.refuse_next = 3
+        assert [a.pod_name for a in prc.list_allocations()] == ["nb-0"]
+        kubelet.refuse_next = 2
+        assert prc.allocatable(GPU) == ["GPU-x", "GPU-y"]
+        assert kubelet.refused == 5
+        kubelet.refuse_next = 100
+        with pytest.raises(PodResourcesError) as err:
+            prc.list_allocations()
+        assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from agent.config import load_settings
@@ -27,21 +28,29 @@ MIG_UUID = "MIG-5d3c1a2b-0e9f-4a8b-b7c6-d5e4f3a2b1c0"
 UUID_SELECTOR = f'device.attributes["gpu.nvidia.com"].uuid == "{GPU_UUID}"'
 
 
-def agents_objects(argv: list[str], target: PodInfo) -> tuple[dict[str, Obj], dict[str, Obj]]:
+def agent_pod_for(target: PodInfo, namespace: str = "gpu-hotmount") -> PodInfo:
+    """A node's agent pod: it owns the blockers, which live in its own namespace."""
+    return replace(target, namespace=namespace, name="gpu-hotmount-x7k2p", uid=str(uuid.uuid4()))
+
+
+def agents_objects(
+    argv: list[str], target: PodInfo, agent: PodInfo | None = None
+) -> tuple[dict[str, Obj], dict[str, Obj]]:
     """Every pod and ResourceClaim the agent makes for `target`, built by its own code
-    (names too, new ones each call): count holders, scouts and pins by device plugin,
-    and pins with their claims by DRA."""
+    (names too, new ones each call): count holders, blockers (owned by the `agent` pod,
+    in its namespace) and pins by device plugin, and pins with their claims by DRA."""
     settings = load_settings(argv)
 
     def named(role: Role) -> str:
         return HolderPods.new_name(target, role)
 
     holder = agent_holder_manifest(settings, target, named(Role.COUNT), 2)
-    scout = agent_holder_manifest(settings, target, named(Role.PIN), 1, Role.PIN)
+    owner = agent or agent_pod_for(target)
+    blocker = agent_holder_manifest(settings, owner, named(Role.BLOCKER), 1, Role.BLOCKER)
     pin = agent_holder_manifest(settings, target, named(Role.PIN), 1, Role.PIN, GPU_UUID)
     name = named(Role.PIN)
     dra_pin = with_claim(agent_holder_manifest(settings, target, name, 1, Role.PIN, GPU_UUID), name)
-    pods = {"count holder": holder, "scout": scout, "pin": pin, "DRA pin": dra_pin}
+    pods = {"count holder": holder, "blocker": blocker, "pin": pin, "DRA pin": dra_pin}
     claims = {
         "GPU claim": pin_claim_manifest(target, name, GPU_UUID, mig=False),
         "MIG claim": pin_claim_manifest(target, named(Role.PIN), MIG_UUID, mig=True),

@@ -26,11 +26,17 @@ from kubernetes import client
 from agent.config import load_settings
 from agent.kube.client import PodInfo
 from agent.node.dra import GPU_CLASS, MIG_CLASS, with_claim
-from agent.node.holders import Role, holder_priority_class
+from agent.node.holders import HolderPods, Role, holder_priority_class
 from agent.node.holders import holder_manifest as agent_holder_manifest
 from agent.node.pins import pin_claim_manifest
 from tests.deploy.admission import admission_request, denials, unknown_fields
-from tests.deploy.admission_cases import GPU_UUID, HOSTILE, HOSTILE_CLAIMS, agents_objects
+from tests.deploy.admission_cases import (
+    GPU_UUID,
+    HOSTILE,
+    HOSTILE_CLAIMS,
+    agent_pod_for,
+    agents_objects,
+)
 from tests.deploy.support import (
     CHART,
     KUBE,
@@ -235,6 +241,28 @@ def test_a_move_hands_a_pin_over_but_never_to_a_pod_its_label_does_not_name():
     assert denials(POLICY, admission_request("UPDATE", AGENT, new, old)) != []
 
 
+def test_a_blocker_is_admitted_only_in_the_agents_namespace_and_only_as_a_blocker():
+    """Blockers hold free GPUs for a moment while a pin is made (docs/api.md, Accounting):
+    in the agent's own namespace, owned by its pod. Nothing else may pass for one, and a
+    blocker never lands in a tenant's namespace."""
+    blocker = as_admitted(blocker_manifest())
+    assert blocker["metadata"]["name"].startswith("hotmount-blocker-")
+    assert create(blocker) == []
+    assert denials(POLICY, admission_request("DELETE", AGENT, None, blocker)) == []
+    message = "a blocker is named hotmount-blocker-*"
+    elsewhere = as_admitted(blocker_manifest("team-a"))
+    assert any(message in m for m in create(elsewhere)), create(elsewhere)
+    renamed = copy.deepcopy(blocker)
+    renamed["metadata"]["name"] = "hotmount-pin-notebook-abc123"
+    assert any(message in m for m in create(renamed))
+    pin_named_blocker = as_admitted(
+        agent_holder_manifest(
+            load_settings(static_argv()), TARGET, "hotmount-blocker-0a1b2c3d", 1, Role.PIN
+        )
+    )
+    assert any(message in m for m in create(pin_named_blocker))
+
+
 def test_the_agent_may_delete_a_holder():
     holder = as_admitted(holder_manifest())
     assert denials(POLICY, admission_request("DELETE", AGENT, None, holder)) == []
@@ -351,6 +379,10 @@ def test_the_charts_policies_are_the_plain_manifests_policies():
         for match in spec.get("matchConditions", []):
             assert match["expression"] == condition
             match["expression"] = match["expression"].replace("gpu-ops", "gpu-hotmount")
+        for variable in spec.get("variables", []):
+            if variable["name"] == "agentNamespace":  # the release's namespace
+                assert variable["expression"] == "'gpu-ops'"
+                variable["expression"] = "'gpu-hotmount'"
         assert spec == theirs["spec"], mine["metadata"]["name"]
 
 
@@ -410,10 +442,23 @@ def rendered_with(values: Obj) -> tuple[list[str], Obj, Obj]:
     )
 
 
-def assert_all_admitted(argv: list[str], policy: Obj, claim_policy: Obj, user: str) -> None:
+def blocker_manifest(namespace: str = "gpu-hotmount", argv: list[str] | None = None) -> Obj:
+    settings = load_settings(static_argv() if argv is None else argv)
+    return agent_holder_manifest(
+        settings,
+        agent_pod_for(TARGET, namespace),
+        HolderPods.new_name(TARGET, Role.BLOCKER),
+        1,
+        Role.BLOCKER,
+    )
+
+
+def assert_all_admitted(
+    argv: list[str], policy: Obj, claim_policy: Obj, user: str, agent_namespace: str
+) -> None:
     for target_class in TARGET_CLASSES:
         target = replace(TARGET, priority_class_name=target_class)
-        pods, claims = agents_objects(argv, target)
+        pods, claims = agents_objects(argv, target, agent_pod_for(target, agent_namespace))
         for shape, pod in pods.items():
             denied = create(as_admitted(pod), user=user, policy=policy)
             assert denied == [], (shape, target_class, denied)
@@ -423,14 +468,15 @@ def assert_all_admitted(argv: list[str], policy: Obj, claim_policy: Obj, user: s
 
 
 def test_the_plain_policies_admit_everything_the_plain_agent_makes():
-    assert_all_admitted(static_argv(), POLICY, CLAIM_POLICY, AGENT)
+    assert_all_admitted(static_argv(), POLICY, CLAIM_POLICY, AGENT, "gpu-hotmount")
 
 
 @needs_helm
 @pytest.mark.parametrize("name", sorted(CONFIGURATIONS), ids=sorted(CONFIGURATIONS))
 def test_the_charts_policies_admit_everything_its_agent_makes(name: str):
     argv, policy, claim_policy = rendered_with(CONFIGURATIONS[name])
-    assert_all_admitted(argv, policy, claim_policy, "system:serviceaccount:gpu-ops:hm-gpu-hotmount")
+    user = "system:serviceaccount:gpu-ops:hm-gpu-hotmount"
+    assert_all_admitted(argv, policy, claim_policy, user, "gpu-ops")
 
 
 @needs_helm

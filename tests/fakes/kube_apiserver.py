@@ -13,6 +13,8 @@ What it serves, and why each piece exists (see DESIGN.md, "Kubernetes" and
 - a scheduler and kubelet stand-in for holder pods: extended-resource requests
   get device IDs from a per-node pool, recorded in an attached fake PodResources
   server, and are freed on deletion;
+- a ResourceQuota on GPU requests (``set_gpu_quota``): a pod that would take its
+  namespace past it is refused at creation with the quota plugin's 403 and words;
 - resource.k8s.io/v1 (DRA) resourceclaims (get, list, create, delete) and
   resourceslices (get, list; seeded with ``put_resource_slice``): a pod naming claims
   in ``spec.resourceClaims`` is scheduled only where they can be allocated
@@ -498,6 +500,7 @@ class FakeKubeApiServer:
         self._store: dict[str, dict[tuple[str, str], Obj]] = {r: {} for r in [*_CORE, *_DRA]}
         self._pools: dict[str, list[str]] = {n: list(ids) for n, ids in (nodes or {}).items()}
         self._used: dict[str, dict[str, tuple[str, str]]] = {n: {} for n in self._pools}
+        self._quotas: dict[str, tuple[str, int]] = {}  # namespace: (quota, hard GPU requests)
         self._podresources: dict[str, FakePodResourcesServer] = {}
         self._rv = itertools.count(1)
         self._ips = itertools.count(2)
@@ -765,6 +768,35 @@ class FakeKubeApiServer:
             self._with_metadata(pod, namespace)
             self._store["pods"][(namespace, pod["metadata"]["name"])] = pod
             return copy.deepcopy(pod)
+
+    def set_gpu_quota(self, namespace: str, name: str, hard: int) -> None:
+        """A ResourceQuota `name` of `hard` on requests of the GPU resource in `namespace`:
+        a pod that would take the namespace past it is refused at creation (403), as the
+        quota admission plugin refuses it, counting the pods that are not finished."""
+        with self._lock:
+            self._quotas[namespace] = (name, hard)
+
+    def _check_quota(self, namespace: str, pod: Obj) -> None:
+        if namespace not in self._quotas:
+            return
+        quota, hard = self._quotas[namespace]
+        wanted = sum(self._requested(c) for c in pod.get("spec", {}).get("containers") or [])
+        used = sum(
+            self._requested(c)
+            for (ns, _), other in self._store["pods"].items()
+            if ns == namespace
+            and (other.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
+            for c in other["spec"].get("containers") or []
+        )
+        if wanted and used + wanted > hard:
+            key = f"requests.{self.gpu_resource}"
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'pods "{pod["metadata"]["name"]}" is forbidden: exceeded quota: {quota}, '
+                f"requested: {key}={wanted}, used: {key}={used}, limited: {key}={hard}",
+                {"name": pod["metadata"]["name"], "kind": "pods"},
+            )
 
     def put_node(self, name: str, gpus: int = 0, labels: Mapping[str, str] | None = None) -> None:
         """A node with `gpus` of gpu_resource in its capacity (none in the scheduler's pool)."""
@@ -1246,6 +1278,8 @@ class FakeKubeApiServer:
                     f'{kind}.{DRA_GROUP} "{name}" is invalid: {problem}',
                     {"name": name, "group": DRA_GROUP, "kind": kind},
                 )
+        if resource == "pods":
+            self._check_quota(namespace, obj)
         obj["kind"], obj["apiVersion"] = kind, _api_version(resource)
         self._with_metadata(obj, namespace)
         self._store[resource][(namespace, name)] = obj

@@ -33,6 +33,7 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
         self, request: api_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListPodResourcesResponse:
         owner = self._owner
+        owner.take_token(context)
         with owner.lock:
             keys = dict.fromkeys([*owner.table, *owner.claims])
             pods = [
@@ -44,6 +45,7 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
     def GetAllocatableResources(  # noqa: N802
         self, request: api_pb2.AllocatableResourcesRequest, context: grpc.ServicerContext
     ) -> api_pb2.AllocatableResourcesResponse:
+        self._owner.take_token(context)
         if self._owner.allocatable_unimplemented:
             # What grpc-go answers for a method missing from a 1.20 kubelet's service.
             context.abort(
@@ -182,7 +184,20 @@ class FakePodResourcesServer:
         self.claims: Claims = {}
         self.allocatable_devices: dict[str, list[str]] = dict(allocatable or {})
         self.allocatable_unimplemented = allocatable_unimplemented
+        self.refuse_next = 0  # calls still to refuse as the kubelet's rate limit does
+        self.refused = 0
         self._server: grpc.Server | None = None
+
+    def take_token(self, context: grpc.ServicerContext) -> None:
+        """The kubelet limits PodResources to 100 calls a second (burst 10) for all its
+        clients together, and refuses the rest with RESOURCE_EXHAUSTED: `refuse_next`
+        makes the next calls meet that limit."""
+        with self.lock:
+            if self.refuse_next <= 0:
+                return
+            self.refuse_next -= 1
+            self.refused += 1
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
 
     # -- table helpers -----------------------------------------------------
     def set_allocation(

@@ -17,7 +17,7 @@ import copy
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -177,10 +177,20 @@ def target(node: Node, release: flows.Release) -> Iterator[PodInfo]:
 
 
 @pytest.fixture(scope="module")
-def agents(daemonset: Obj, target: PodInfo) -> Any:
-    """A fresh set of the agent's objects for `target`, with the release's flags."""
+def agents(node: Node, daemonset: Obj, target: PodInfo) -> Any:
+    """A fresh set of the agent's objects for `target`, with the release's flags (blockers
+    owned by the node's agent pod, in its namespace)."""
     argv = agent_argv(daemonset)
-    return lambda: agents_objects(argv, target)
+    selector = "app.kubernetes.io/name=gpu-hotmount"
+    found = node.kubectl("get", "pods", "-n", flows.NAMESPACE, "-l", selector, "-o", "json")
+    agent_pod = json.loads(found.stdout)["items"][0]
+    agent = replace(
+        target,
+        namespace=flows.NAMESPACE,
+        name=agent_pod["metadata"]["name"],
+        uid=agent_pod["metadata"]["uid"],
+    )
+    return lambda: agents_objects(argv, target, agent)
 
 
 @pytest.fixture(scope="module")
@@ -288,10 +298,11 @@ def test_the_api_server_type_checks_every_expression(node: Node, as_agent: AsAge
 # ---- the agent's own objects are admitted ----------------------------------------------
 
 
-def test_a_mount_by_name_makes_its_scouts_and_pin_under_the_policy(
+def test_a_mount_by_name_makes_its_blockers_and_pin_under_the_policy(
     node: Node, release: flows.Release, target: PodInfo
 ) -> None:
-    """The agent itself, as it runs: a GPU by name takes scouts and keeps a pin."""
+    """The agent itself, as it runs: a GPU by name holds the other free GPUs with blockers
+    in its own namespace and keeps a pin in the pod's."""
     flows.nvcli_ok(node, "alice", "mount", "--name", target.name, "--mount", "0")
     try:
         pin = flows.the_pin(node, target.name)
@@ -304,7 +315,7 @@ def test_a_mount_by_name_makes_its_scouts_and_pin_under_the_policy(
 def test_every_object_the_agent_makes_is_admitted_and_may_be_deleted(
     node: Node, as_agent: AsAgent, agents: Any
 ) -> None:
-    """Count holder, scout, pin and DRA pin, the GPU and MIG claims: created as the agent
+    """Count holder, blocker, pin and DRA pin, the GPU and MIG claims: created as the agent
     and deleted as the agent (a DRA pin's claim first, as the agent makes them)."""
     pods, claims = agents()
     ordered = [claims["GPU claim"], claims["MIG claim"], *pods.values()]
@@ -326,7 +337,7 @@ def test_every_object_the_agent_makes_is_admitted_and_may_be_deleted(
 def test_the_agent_may_not_change_a_holders_spec_or_delete_another_pod(
     node: Node, as_agent: AsAgent, agents: Any, target: PodInfo
 ) -> None:
-    holder = agents()[0]["scout"]
+    holder = agents()[0]["pin"]
     assert as_agent.create(holder).status == 201
     try:
         name = holder["metadata"]["name"]
