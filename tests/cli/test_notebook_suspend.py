@@ -106,6 +106,9 @@ def test_gpu_suspend_and_resume_magics(
     assert status(container) == "running /dev/nvidia0 pattern=ok"
 
 
+# With NVML on, each GPU is listed twice (NVML's and the CDI spec's name): a GPU held
+# under one name is not free under the other.
+@pytest.mark.parametrize("world", ["plain", "idle"], indirect=True)
 def test_no_gpu_free_at_the_next_cell_runs_the_cell_without_one(
     world: World, shell: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -125,6 +128,8 @@ def test_no_gpu_free_at_the_next_cell_runs_the_cell_without_one(
     assert shell.user_ns["ran"] is True  # type: ignore[attr-defined]
     assert status(container) == "checkpointed - pattern=ok"  # the suspension as it was
 
+    if world.agent_args:  # NVML's names of the stand-in GPUs have no stand-in nodes
+        return
     with world.agent.client(ALICE) as api:
         assert api.delete(f"{PODS}/other/devices/{B}").status_code == 200
     said = cell(shell, capsys)

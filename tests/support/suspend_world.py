@@ -35,6 +35,7 @@ class World:
             extra=["--driver-root", str(standin.driver_root), *args], env=env | (env_more or {})
         )
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.agent_args = args
 
     def notebook(self, name: str = "nb", **mount: object) -> tuple[RuncContainer, int]:
         """A pod with GPU A hot-mounted (`mount`: more of the request) and a CUDA
