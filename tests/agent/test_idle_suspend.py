@@ -17,7 +17,7 @@ from tests.agent.conftest import ALICE
 from tests.agent.test_idle_reclaim import HUNG, counter, samples, wait_passes
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import FakeActivity
-from tests.support.cuda_standin import UUID_A, A, StandIn, build_standin, status
+from tests.support.cuda_standin import UUID_A, A, B, StandIn, build_standin, status
 from tests.support.runc import RuncContainer
 from tests.support.suspend_world import World
 from tests.support.waiting import wait_for
@@ -135,3 +135,19 @@ def test_a_refused_suspension_stops_nothing_and_keeps_the_gpu(old_driver: World)
     assert listed["state"] == "mounted" and listed["paths"] == ["/dev/nvidia0"]
     failures = samples(old_driver.agent, "hotmount_gpu_reclaim_failures_total")
     assert any(labels.get("reason") == "refused" and value >= 1 for labels, value in failures)
+
+
+def test_a_suspension_waits_for_every_gpu_of_the_container(world: World) -> None:
+    container, _ = world.notebook(**IDLE)  # A busy (NVML) until B is there too
+    with world.agent.client(ALICE) as api:  # B: no idle timeout, never due
+        done = api.post(f"{PODS}/nb/devices", json={"devices": [B]})
+    assert done.status_code == 200, done.text
+    fake_nvml.write_activity(activity_file(world.cluster.workdir), [])
+
+    wait_for(lambda: world.cluster.events("GPUReclaimSkipped"), "the skip", timeout=HUNG)
+
+    [skipped] = world.cluster.events("GPUReclaimSkipped")
+    assert "a suspension takes every GPU of the container" in skipped["message"]
+    assert not world.cluster.events("GPUSuspended")
+    assert status(container) == "running /dev/nvidia0 pattern=ok"
+    assert sorted(d["state"] for d in devices(world)) == ["mounted", "mounted"]
