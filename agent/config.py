@@ -126,11 +126,13 @@ class AgentSettings(BaseSettings):
         json_schema_extra={"metavar": "DURATION"},
     )
     # Issue 20: what idle means, when neither the mount nor hotmount.io/idle-policy says.
-    idle_policy: Literal["unheld", "unused"] = Field(
+    idle_policy: Literal["unheld", "unused", "suspend"] = Field(
         default="unheld",
         description=(
             "unheld: idle while no process holds the GPU open; unused: idle while NVML "
-            "shows no SM or memory activity, even if held (its holders are stopped)"
+            "shows no SM or memory activity, even if held (its holders are stopped); "
+            "suspend: idle as unused, but the GPUs are suspended (processes kept, their GPU "
+            "memory in host memory) instead"
         ),
         json_schema_extra={"metavar": "POLICY"},
     )

@@ -6,7 +6,10 @@ A hot-mounted GPU is idle, under the mount's policy, while
   shows in NVML's process list);
 - `unused`: NVML shows neither SM nor memory-copy activity, even while processes hold
   it (a notebook kernel that ran one CUDA cell holds /dev/nvidia0 until it exits).
-  A GPU NVML cannot sample (a MIG instance on most drivers) falls back to `unheld`.
+  A GPU NVML cannot sample (a MIG instance on most drivers) falls back to `unheld`;
+- `suspend`: idle as under `unused`, but the reclaim suspends the container's GPUs
+  (hotmount/suspend/: its processes kept alive, their GPU memory in host memory)
+  instead of stopping their holders; a refused suspension stops nothing.
 
 The reconciler looks every pass; this module decides, with no I/O, so the rules are
 tested exactly:
@@ -30,12 +33,12 @@ from collections.abc import Hashable, Iterable
 TIMEOUT_KEY = "idleTimeout"  # ledger metadata: the mount's idle timeout, in seconds
 MOUNT_ID_KEY = "mountId"  # ledger metadata: one mount, the key of its idle clock
 ANNOTATION = "hotmount.io/idle-timeout"
-POLICY_KEY = "idlePolicy"  # ledger metadata: `unheld` or `unused`
+POLICY_KEY = "idlePolicy"  # ledger metadata: `unheld`, `unused` or `suspend`
 POLICY_ANNOTATION = "hotmount.io/idle-policy"
 WARN_KEY = "warnBefore"  # ledger metadata: how long before the reclaim to warn, in seconds
 WARN_ANNOTATION = "hotmount.io/idle-warn-before"
-UNHELD, UNUSED = "unheld", "unused"
-POLICIES = (UNHELD, UNUSED)
+UNHELD, UNUSED, SUSPEND = "unheld", "unused", "suspend"
+POLICIES = (UNHELD, UNUSED, SUSPEND)
 MIN_WARN_LEAD = 60.0  # seconds: the shortest warning before a reclaim (unless the timeout is)
 MAX_SECONDS = 366 * 86400
 
@@ -116,15 +119,22 @@ def choose_policy(requested: str | None, annotations: dict[str, str], default: s
         if value not in POLICIES:
             raise ValueError(
                 f"pod annotation {POLICY_ANNOTATION}: {annotated!r} is not an idle policy: "
-                f"write {UNHELD} or {UNUSED}"
+                f"write {', '.join(POLICIES)}"
             )
         return value
     return default
 
 
 def policy_of(metadata: dict[str, str]) -> str:
-    """A mount's policy from its ledger metadata; mounts from before policies are `unheld`."""
-    return UNUSED if metadata.get(POLICY_KEY) == UNUSED else UNHELD
+    """A mount's policy from its ledger metadata; mounts from before policies (or with
+    a value this agent does not know) are `unheld`, the one that never stops a holder."""
+    value = metadata.get(POLICY_KEY)
+    return value if value in POLICIES else UNHELD
+
+
+def judged_by_use(policy: str) -> bool:
+    """`unused` and `suspend` look at NVML's utilization, not at who holds the GPU."""
+    return policy in (UNUSED, SUSPEND)
 
 
 def warn_lead(timeout: float, before: float | None = None) -> float:

@@ -217,7 +217,8 @@ class Metrics:
         self.reclaim_failures = Counter(
             "hotmount_gpu_reclaim_failures_total",
             "Idle hot-mounted GPUs reconcile meant to take back and did not: `error` (the "
-            "unmount failed), `skipped` (a process also using a GPU that stays holds it)",
+            "unmount failed), `skipped` (a process also using a GPU that stays holds it), "
+            "`refused` (policy suspend: the suspension was refused, nothing was stopped)",
             ["reason"],
             registry=self.registry,
         )

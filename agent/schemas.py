@@ -230,8 +230,9 @@ class MountRequest(Request):
     with_netdev: bool | None = None
     netdev: NetdevRequest | None = None
     idle_timeout: Duration | None = None
-    # `unheld` or `unused` (agent/idle.py); else hotmount.io/idle-policy, else --idle-policy.
-    idle_policy: Literal["unheld", "unused"] | None = None
+    # `unheld`, `unused` or `suspend` (agent/idle.py); else hotmount.io/idle-policy, else
+    # --idle-policy.
+    idle_policy: Literal["unheld", "unused", "suspend"] | None = None
     # How long before the reclaim the GPUIdleSoon warning comes (below idleTimeout); else
     # hotmount.io/idle-warn-before, else a tenth of the timeout, at least 1m.
     warn_before: Duration | None = None
@@ -300,7 +301,7 @@ class MountedDevice(Model):
     idle_timeout: str | None = None  # reclaimed after this long unheld (None: never)
     # Seconds no process has held it, as the reconciler last saw (0: held; None: not yet seen).
     idle_seconds: int | None = None
-    idle_policy: str | None = None  # unheld or unused; None from an older agent
+    idle_policy: str | None = None  # unheld, unused or suspend; None from an older agent
     # Seconds until the reclaim once warned (GPUIdleSoon); None: not warned.
     reclaim_in_seconds: int | None = None
     # Why `unused` fell back to `unheld` for this GPU (NVML cannot sample it).

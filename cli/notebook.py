@@ -8,10 +8,14 @@
     %gpu detach 0               give GPU 0 back; `%gpu detach` or `--all`: every one
     %gpu status                 what this pod has, and how long each GPU has been idle
     %gpu list                   the GPUs free on the node
+    %gpu suspend                take the GPUs away, the kernel and its GPU memory kept
+    %gpu resume                 a GPU back, the kernel's GPU memory restored onto it
 
 After each cell the extension asks the agent (2s at most, silent on error) whether a GPU
 of this pod was warned before an idle reclaim, and prints it once per warning:
-`%gpu: GPU 0 will be reclaimed in 4m unless used`.
+`%gpu: GPU 0 will be reclaimed in 4m unless used`. Before each cell, a suspended GPU of
+this pod (`%gpu suspend`, or the idle policy `suspend`) is resumed first
+(cli/notebook_suspend.py).
 
 The same as Python calls, for platforms: `attach()`, `detach()`, `status()`,
 `list_gpus()` return the agent's models; `run(line)` returns the magic's message.
@@ -57,7 +61,7 @@ AGENT_CA = Path("/var/run/secrets/hotmount.io/ca.crt")
 DEFAULT_AGENT = "https://gpu-hotmount.gpu-hotmount.svc"
 USAGE = (
     "usage: %gpu attach [N ... | --count N] [--idle 30m] [--once] | detach [N ... | --all]"
-    " | status | list"
+    " | status | list | suspend | resume"
 )
 
 
@@ -154,7 +158,7 @@ def _first_file(*paths: Path) -> Path | None:
 
 @dataclass
 class Command:
-    action: str  # attach | detach | status | list | help
+    action: str  # attach | detach | status | list | suspend | resume | help
     devices: list[str] = field(default_factory=list)
     count: int | None = None
     all: bool = False
@@ -171,7 +175,7 @@ def parse(line: str) -> Command:
     if not words or words[0] in ("help", "-h", "--help"):
         return Command("help")
     action, rest = words[0], words[1:]
-    if action not in ("attach", "detach", "status", "list"):
+    if action not in ("attach", "detach", "status", "list", "suspend", "resume"):
         raise NotebookError(f"unknown command {action!r}; {USAGE}")
     command = Command(action)
     while rest:
@@ -478,6 +482,12 @@ def run(line: str, config: Config | None = None) -> str:
         return detached_message(detach(None if command.all else command.devices, config))
     if command.action == "status":
         return status_message(status(config), config)
+    if command.action in ("suspend", "resume"):
+        from cli import notebook_suspend as ns
+
+        if command.action == "suspend":
+            return ns.suspended_message(ns.suspend(config))
+        return ns.resumed_message(ns.resume(config))
     return list_message(list_gpus(config))
 
 
@@ -522,6 +532,9 @@ class ReclaimWarnings:
     stream: Any = None
     _shown: dict[tuple[str, str, str], float] = field(default_factory=dict)
     _quiet_until: float = 0.0
+    # The last look saw a GPU under the idle policy `suspend`, or a suspended one: the
+    # next cell asks first whether to resume (cli/notebook_suspend.py).
+    suspendable: bool = False
 
     SLACK = 5.0  # seconds: the same warning's deadline, seen twice, moves by less
 
@@ -537,18 +550,22 @@ class ReclaimWarnings:
             self._quiet_until = time.monotonic() + self.backoff
             return
         lines = []
-        for key, gpu, seconds, deadline in devices:
+        for key, gpu, seconds, deadline, policy in devices:
             shown = self._shown.get(key)
             if shown is None or deadline > shown + self.SLACK:
-                lines.append(f"%gpu: {gpu} will be {_reclaim_text(seconds)}")
+                text = _reclaim_text(seconds)
+                if policy == "suspend":  # taken away with the kernel kept, not reclaimed
+                    text = text.replace("reclaimed", "suspended", 1)
+                lines.append(f"%gpu: {gpu} will be {text}")
             self._shown[key] = deadline if shown is None else max(shown, deadline)
         for key in set(self._shown) - {d[0] for d in devices}:
             del self._shown[key]  # no longer warned: a new warning is said again
         if lines:
             print("\n".join(lines), file=self.stream or sys.stderr)
 
-    def _warned(self, now: float) -> list[tuple[tuple[str, str, str], str, int, float]]:
-        """(identity, `GPU 0`, seconds left, monotonic deadline) per warned mount."""
+    def _warned(self, now: float) -> list[tuple[tuple[str, str, str], str, int, float, str | None]]:
+        """(identity, `GPU 0`, seconds left, monotonic deadline, idle policy) per warned
+        mount."""
         from cli.client import HotmountClient
 
         config = self.config or Config.from_env()
@@ -557,12 +574,18 @@ class ReclaimWarnings:
             config.agent, config.token(), verify=verify, timeout=self.timeout
         ) as client:
             result = client.status(config.namespace, config.pod)
+        self.suspendable = any(
+            d.state == "suspended" or d.idle_policy == "suspend"
+            for c in result.containers
+            for d in c.devices
+        )
         return [
             (
                 (c.container_id, d.key, d.mounted_at or ""),
                 f"GPU {d.index}" if d.index is not None else d.key,
                 d.reclaim_in_seconds,
                 now + d.reclaim_in_seconds,
+                d.idle_policy,
             )
             for c in result.containers
             for d in c.devices
@@ -577,7 +600,8 @@ def _reclaim_text(seconds: int) -> str:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """`%load_ext cli.notebook`: the `%gpu` magic, and the reclaim warning after each cell."""
+    """`%load_ext cli.notebook`: the `%gpu` magic, the reclaim warning after each cell,
+    and the resume of a suspended GPU before each cell."""
 
     def gpu(line: str) -> None:
         magic(line)
@@ -589,20 +613,36 @@ def load_ipython_extension(ipython: Any) -> None:
         _unregister(ipython, _warnings)
     _warnings = ReclaimWarnings()
     ipython.events.register("post_run_cell", _warnings)
+    global _resumes
+    if _resumes is not None:
+        _unregister(ipython, _resumes, "pre_run_cell")
+    from cli.notebook_suspend import AutoResume
+
+    watch = _warnings
+    _resumes = AutoResume(
+        config_of=Config.from_env,
+        explain=lambda exc, config: error_message(exc, config, "resume"),
+        watching=lambda: watch.suspendable,
+    )
+    ipython.events.register("pre_run_cell", _resumes)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    global _warnings
+    global _warnings, _resumes
     if _warnings is not None:
         _unregister(ipython, _warnings)
         _warnings = None
+    if _resumes is not None:
+        _unregister(ipython, _resumes, "pre_run_cell")
+        _resumes = None
 
 
-def _unregister(ipython: Any, hook: ReclaimWarnings) -> None:
+def _unregister(ipython: Any, hook: Any, event: str = "post_run_cell") -> None:
     import contextlib
 
     with contextlib.suppress(ValueError):  # registered with another shell
-        ipython.events.unregister("post_run_cell", hook)
+        ipython.events.unregister(event, hook)
 
 
 _warnings: ReclaimWarnings | None = None
+_resumes: Any = None  # the AutoResume registered, if any

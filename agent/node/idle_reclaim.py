@@ -18,6 +18,7 @@ from agent.kube.client import KubeClient
 from agent.metrics import Metrics
 from agent.node.holders import HolderPods
 from agent.node.idle_state import IdleState
+from agent.node.idle_suspend import suspend_idle
 from agent.node.locks import ContainerLocks
 from agent.node.results import clock_key, device_label
 from agent.schemas import MountRequest
@@ -27,6 +28,7 @@ from hotmount.activity import ActivitySampler, GpuActivity
 from hotmount.devices.rdma import RDMA_NODE_DIR, is_rdma
 from hotmount.errors import DeviceBusy, HeldWithStayingDevices, HotmountError
 from hotmount.ledger import ContainerRecord, DeviceRecord
+from hotmount.suspend.model import gpu_uuid
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +118,9 @@ class IdleReclaim:
         GPU is sampled again and its holders are stopped (SIGTERM, then SIGKILL), but
         never a process that also uses a GPU that stays: that reclaim is skipped and the
         pod told why (GPUReclaimSkipped). The shared control nodes count only when the
-        container's last GPU leaves (hotmount/inuse.py `UseCheck.clear`).
+        container's last GPU leaves (hotmount/inuse.py `UseCheck.clear`). Under
+        `suspend`, idle is judged as under `unused` and the container's GPUs are
+        suspended instead (agent/node/idle_suspend.py): no process is stopped.
         """
         state = self._state()
         mounts = []
@@ -155,9 +159,14 @@ class IdleReclaim:
         for look in warn:
             self._warn(look)
         taken = []
+        suspending: dict[str, list[_Look]] = {}
         for look in due:
-            if self._reclaim(look):
+            if idle.policy_of(look.entry.metadata) == idle.SUSPEND:
+                suspending.setdefault(look.record.key, []).append(look)
+            elif self._reclaim(look):
                 taken.append(look.entry.key)
+        for looks in suspending.values():
+            taken += suspend_idle(self, looks)
         state.save(self._idle)
         return taken
 
@@ -173,12 +182,13 @@ class IdleReclaim:
         return self._loaded[0]
 
     def _sample(self, entries: Iterable[DeviceRecord]) -> dict[str, GpuActivity]:
-        """One NVML sample of every GPU under the `unused` policy."""
+        """One NVML sample of every GPU under the `unused` (or `suspend`) policy."""
         uuids = []
         for entry in entries:
             device = self.engine.inventory.get(entry.key)
-            if idle.policy_of(entry.metadata) == idle.UNUSED and device and device.uuid:
-                uuids.append(device.uuid)
+            uuid = gpu_uuid(device) if device else None
+            if idle.judged_by_use(idle.policy_of(entry.metadata)) and uuid:
+                uuids.append(uuid)
         self._sampler.retain(uuids)  # GPUs no longer under `unused` lose their cursor
         if not uuids or not self.engine.config.use_nvml:
             return {}
@@ -193,9 +203,10 @@ class IdleReclaim:
         key: tuple[str, str, str],
     ) -> int:
         """1 or more when the mount counts as used under its policy, else 0."""
-        if idle.policy_of(entry.metadata) == idle.UNUSED:
+        if idle.judged_by_use(idle.policy_of(entry.metadata)):
             device = self.engine.inventory.get(entry.key)
-            seen = activity.get(device.uuid) if device and device.uuid else None
+            uuid = gpu_uuid(device) if device else None
+            seen = activity.get(uuid) if uuid else None
             if seen is not None and seen.judged:
                 self._notes.pop(key, None)
                 self._utilization[key] = seen.utilization_for(pids)
@@ -207,7 +218,7 @@ class IdleReclaim:
             )
             note = f"judged by holders (unheld): {why}"
             if self._notes.get(key) != note:
-                log.info("idle policy unused for %s in %s: %s", entry.key, record.key, note)
+                log.info("idle by use of %s in %s: %s", entry.key, record.key, note)
             self._notes[key] = note
         return self._held(record, entry, pids)
 
@@ -250,11 +261,13 @@ class IdleReclaim:
         before = idle.warn_before_of(entry.metadata)
         left = idle.reclaim_at(timeout, since, look.now, before) - look.now
         policy = idle.policy_of(entry.metadata)
-        what = "unused" if policy == idle.UNUSED and look.key not in self._notes else "unheld"
+        judged = idle.judged_by_use(policy) and look.key not in self._notes
+        what = "unused" if judged else "unheld"
+        taken = "suspended" if policy == idle.SUSPEND else "reclaimed"
         container = entry.metadata.get("container") or look.record.key
         message = (
             f"{self._device_text(entry.key)} in {container} "
-            f"has been {what} for {idle.format_duration(look.now - since)}: reclaimed in "
+            f"has been {what} for {idle.format_duration(look.now - since)}: {taken} in "
             f"{idle.format_duration(left)} unless used (idle timeout "
             f"{idle.format_duration(timeout)}, policy {policy})"
         )
@@ -348,13 +361,14 @@ class IdleReclaim:
     def _used_again(self, record: ContainerRecord, entry: DeviceRecord) -> bool:
         """Under `unused`, a last look just before the holders are stopped."""
         device = self.engine.inventory.get(entry.key)
-        if device is None or not device.uuid:
+        uuid = gpu_uuid(device) if device else None
+        if uuid is None:
             return False
         try:
             pids = self.engine.resolve(record.container_id or record.key).pids()
         except HotmountError:
             return False
-        seen = self._sampler.sample([device.uuid]).get(device.uuid)
+        seen = self._sampler.sample([uuid]).get(uuid)
         return seen is not None and seen.judged and seen.busy_for(pids)
 
     def _pod_event(

@@ -282,10 +282,13 @@ class Suspender:
         view = nvml.look([gpu_uuid(d) or "" for d in gpus])
         models = view.models if view else {}
         held = engine.holders()
+        # One GPU may be listed twice (NVML's and a CDI spec's name): held under one name
+        # is held under both.
+        taken = {gpu_uuid(d) for d in gpus if d.key in held or d.key in unavailable}
         free = [
             choose.Candidate(d.key, gpu_uuid(d) or "", models.get(gpu_uuid(d) or ""))
             for d in gpus
-            if d.key not in held and d.key not in unavailable and d.mig is None
+            if gpu_uuid(d) not in taken and d.mig is None
         ]
         old = [choose.Candidate(k, s.uuid, s.model) for k, s in record.suspended.items()]
         return choose.targets(old, free, onto)

@@ -16,7 +16,15 @@ PODS = "/v1/namespaces/default/pods"
 
 
 class World:
-    def __init__(self, tmp: Path, standin: StandIn) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        standin: StandIn,
+        *,
+        args: tuple[str, ...] = (),
+        env_more: dict[str, str] | None = None,
+    ) -> None:
+        """`args`, `env_more`: more agent flags, and environment over the stand-ins'."""
         self.cluster = Cluster(tmp, standin.rootfs, standin.cdi_dir)
         self.nvml_config = nvml_config(tmp / "nvml.conf", [])
         cuda_state = tmp / "cuda-state"
@@ -24,15 +32,17 @@ class World:
         env = nvml.env(standin.nvml_dir, self.nvml_config, base={})
         env |= {"FAKE_CUDA_STATE_DIR": str(cuda_state), "FAKE_CUDA_DRIVER_VERSION": "13000"}
         self.agent: AgentProcess = self.cluster.agent(
-            extra=["--driver-root", str(standin.driver_root)], env=env
+            extra=["--driver-root", str(standin.driver_root), *args], env=env | (env_more or {})
         )
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.agent_args = args
 
-    def notebook(self, name: str = "nb") -> tuple[RuncContainer, int]:
-        """A pod with GPU A hot-mounted and a CUDA process on it."""
+    def notebook(self, name: str = "nb", **mount: object) -> tuple[RuncContainer, int]:
+        """A pod with GPU A hot-mounted (`mount`: more of the request) and a CUDA
+        process on it."""
         container = self.cluster.pod(name)
         with self.agent.client(ALICE) as api:
-            mounted = api.post(f"{PODS}/{name}/devices", json={"devices": [A]})
+            mounted = api.post(f"{PODS}/{name}/devices", json={"devices": [A], **mount})
         assert mounted.status_code == 200, mounted.text
         proc, pid = start_cuda(container)
         self.processes.append(proc)

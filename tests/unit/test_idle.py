@@ -216,3 +216,20 @@ def test_warn_before_comes_from_the_request_then_the_annotation() -> None:
         choose_warn_before(None, {"hotmount.io/idle-warn-before": "soon"}, 3600)
     assert warn_before_of({"warnBefore": "300"}) == 300
     assert warn_before_of({"warnBefore": "x"}) is None and warn_before_of({}) is None
+
+
+def test_the_suspend_policy_is_judged_by_use_and_validated_at_the_boundary() -> None:
+    from pydantic import ValidationError
+
+    from agent.idle import judged_by_use
+    from agent.schemas import MountRequest
+
+    assert choose_policy(None, {"hotmount.io/idle-policy": " suspend "}, "unheld") == "suspend"
+    assert policy_of({"idlePolicy": "suspend"}) == "suspend"
+    assert policy_of({"idlePolicy": "hibernate"}) == "unheld"  # unknown: never stops anyone
+    assert judged_by_use("suspend") and judged_by_use("unused") and not judged_by_use("unheld")
+    assert MountRequest(devices=["0"], idle_policy="suspend").idle_policy == "suspend"
+    with pytest.raises(ValidationError, match="'unheld', 'unused' or 'suspend'"):
+        MountRequest(devices=["0"], idle_policy="Suspend")
+    with pytest.raises(ValueError, match="write unheld, unused, suspend"):
+        choose_policy(None, {"hotmount.io/idle-policy": "pause"}, "unheld")

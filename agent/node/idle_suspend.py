@@ -1,0 +1,124 @@
+"""Idle policy `suspend` (issue 33): the idle reclaim suspends a container's GPUs
+(hotmount/suspend/) instead of stopping the processes that hold them.
+
+A suspension takes every hot-mounted GPU of the container at once (its CUDA processes
+are locked and checkpointed as a whole), so it runs only when all of them are under
+`suspend` and due in the same pass; otherwise it waits, and the pod is told why.
+
+A refused suspension (no room in the container's memory cgroup, a process that will
+not lock, a driver older than 550, no libcuda) falls back to the safe thing: nothing is
+stopped, the GPU stays mounted, the failure is counted (`refused`), the pod gets a
+warning Event with the reason, and the idle clock starts again (a warning comes again
+before the next try)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from agent import idle
+from agent.errors import ApiError
+from hotmount.errors import HotmountError
+from hotmount.suspend.flow import DEFAULT_LOCK_TIMEOUT
+
+if TYPE_CHECKING:
+    from agent.node.idle_reclaim import IdleReclaim, _Look
+
+log = logging.getLogger(__name__)
+
+
+def suspend_idle(reclaim: IdleReclaim, looks: Sequence[_Look]) -> list[str]:
+    """Suspend one container's idle GPUs (`looks`: all due under `suspend` this pass);
+    the keys suspended, or none."""
+    record = looks[0].record
+    ref = record.container_id or record.key
+    due = {look.entry.key: look for look in looks}
+    try:
+        with reclaim.locks.hold(ref):
+            now = reclaim.engine.ledger.load(record.key)
+            if now is None or any(
+                (current := now.devices.get(key)) is None
+                or current.mounted_at != look.entry.mounted_at
+                for key, look in due.items()
+            ):
+                return []  # unmounted (or mounted anew) meanwhile
+            gpus = [key for key, entry in now.devices.items() if reclaim.is_gpu(entry)]
+            staying = [key for key in gpus if key not in due]
+            if staying:
+                _wait_for_all(reclaim, looks, staying)
+                return []
+            for look in looks:
+                if look.key not in reclaim._notes and reclaim._used_again(record, look.entry):
+                    _restart(reclaim, looks)
+                    log.info("suspend of %s: used again, its clock restarts", ref)
+                    return []
+            before = reclaim.holders.named_in(ref)
+            done = reclaim.engine.suspender.suspend(ref, lock_timeout=DEFAULT_LOCK_TIMEOUT)
+            namespace = looks[0].entry.metadata.get("namespace")
+            released: list[str] = []
+            if namespace:
+                try:
+                    released = reclaim.holders.release(namespace, before)
+                except ApiError as exc:
+                    log.warning("idle suspend: holder pod release: %s", exc.message)
+    except (HotmountError, OSError) as exc:
+        _refused(reclaim, looks, exc.message if isinstance(exc, HotmountError) else str(exc))
+        return []
+    for look in looks:
+        reclaim._idle.forget(look.key)
+        reclaim.metrics.reclaimed.inc()
+    first = looks[0]
+    timeout = idle.timeout_of(first.entry.metadata) or 0
+    moved = sum(int(p["gpuBytes"]) for p in done.processes)
+    labels = ", ".join(reclaim._device_text(key) for key in done.devices)
+    container = first.entry.metadata.get("container") or ref
+    message = (
+        f"suspended {labels} of {container}: unused for "
+        f"{idle.format_duration(first.now - (first.since or first.now))} (idle timeout "
+        f"{idle.format_duration(timeout)}, policy suspend); {len(done.processes)} processes "
+        f"kept, {moved >> 20} MiB of GPU memory in host memory; a resume gives a GPU back"
+    )
+    log.info("%s; holder pods deleted: %s", message, released)
+    reclaim._pod_event(first.entry, "GPUSuspended", message)
+    return list(done.devices)
+
+
+def _restart(reclaim: IdleReclaim, looks: Sequence[_Look]) -> None:
+    """Count the mounts as used now: the clock and its warning start again."""
+    when = time.time()
+    for look in looks:
+        reclaim._idle.observe(look.key, 1, when)
+
+
+def _wait_for_all(reclaim: IdleReclaim, looks: Sequence[_Look], staying: list[str]) -> None:
+    """Another GPU of the container is not due under `suspend`: suspending would take it
+    too. Nothing is done; the pod is told, and the clock starts again."""
+    _restart(reclaim, looks)
+    reclaim.metrics.reclaim_failures.labels("skipped").inc()
+    first = looks[0]
+    container = first.entry.metadata.get("container") or first.record.key
+    others = ", ".join(reclaim._device_text(key) for key in staying)
+    message = (
+        f"did not suspend {reclaim._device_text(first.entry.key)} of {container}: a "
+        f"suspension takes every GPU of the container, and {others} is not idle under "
+        "policy suspend; the idle clock starts again"
+    )
+    log.info("%s", message)
+    reclaim._pod_event(first.entry, "GPUReclaimSkipped", message, warning=True)
+
+
+def _refused(reclaim: IdleReclaim, looks: Sequence[_Look], why: str) -> None:
+    """The suspension was refused: nothing stopped, the GPUs stay, the pod is told."""
+    _restart(reclaim, looks)
+    reclaim.metrics.reclaim_failures.labels("refused").inc()
+    first = looks[0]
+    container = first.entry.metadata.get("container") or first.record.key
+    labels = ", ".join(reclaim._device_text(look.entry.key) for look in looks)
+    message = (
+        f"could not suspend idle {labels} of {container}: {why}. Nothing was stopped and "
+        "the GPU stays mounted; the idle clock starts again"
+    )
+    log.warning("%s", message)
+    reclaim._pod_event(first.entry, "GPUSuspendRefused", message, warning=True)
