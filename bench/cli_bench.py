@@ -2,7 +2,7 @@
 start and against kubectl on the same API server path.
 
     sudo .venv/bin/python -m bench.cli_bench [--iterations 30] [--before REV]
-    sudo flock /tmp/k8s-tier.lock .venv/bin/python -m bench.cli_bench --kubectl  # optional
+    sudo flock /work/k8s-tier.lock .venv/bin/python -m bench.cli_bench --kubectl  # optional
     bash scripts/build-cli.sh && sudo .venv/bin/python -m bench.cli_bench \
         --pyz dist/nvcli.pyz --wheel dist/gpu_hotmount-0.1.0-py3-none-any.whl
 
@@ -23,9 +23,10 @@ CPU time (user + system) too, which a loaded machine disturbs less. Commands
 run round-robin, so load changes fall on all alike. `--before REV` times the same
 commands from the `cli/`, `agent/` and `hotmount/` of git revision REV (extracted with
 `git archive`; this venv's packages) as "before" figures. `--kubectl` times the real
-single-node Kubernetes tier instead (tests/k8s/node/cluster.py, its kubeconfig in
-$HOTMOUNT_K8S_KUBECONFIG, a pod it runs with a gpumount): `nvcli status` against
-`kubectl get --raw` of the same gpumount, through the real aggregated API.
+single-node Kubernetes tier instead (a node of its own from bench/tier_node.py, or the
+one whose kubeconfig is in $HOTMOUNT_K8S_KUBECONFIG, with a pod it runs with a
+gpumount): `nvcli status` against `kubectl get --raw` of the same gpumount, through the
+real aggregated API.
 
 Notes (2 cores shared with other work; indicative only, with `uptime` load):
 before this work (ee6062f, typer 0.29), load 0.2-0.8, one run each of 3-5:
@@ -283,8 +284,17 @@ def bench_fake_cluster(args: argparse.Namespace) -> None:
 def bench_real_node(args: argparse.Namespace) -> None:
     """The real-node tier: its API server, its aggregated APIService, a pod it runs."""
     config = os.environ.get("HOTMOUNT_K8S_KUBECONFIG")
-    if not config:
-        sys.exit("cli_bench --kubectl: set HOTMOUNT_K8S_KUBECONFIG to the tier's kubeconfig")
+    if not config:  # a node of our own, as the tier makes it (bench/tier_node.py)
+        from bench.tier_node import tier_pod
+
+        with tier_pod() as made:
+            os.environ["HOTMOUNT_K8S_KUBECONFIG"] = str(made.kubeconfig)
+            args.pod = f"{made.namespace}/{made.pod}"
+            try:
+                bench_real_node(args)
+            finally:
+                del os.environ["HOTMOUNT_K8S_KUBECONFIG"]
+        return
     namespace, pod = args.pod.split("/", 1) if "/" in args.pod else ("default", args.pod)
     path = f"/apis/hotmount.io/v1alpha1/namespaces/{namespace}/gpumounts/{pod}"
     env = {**os.environ, "KUBECONFIG": config}
