@@ -281,6 +281,35 @@ def pod_manifest(
 
 
 @contextmanager
+def namespace_with_gpu_quota(node: Node, gpus: int) -> Iterator[tuple[str, str]]:
+    """A new namespace where alice holds `hotmount-user`, under a ResourceQuota of `gpus`
+    GPU requests (namespace, quota name); deleted afterwards. It waits until the quota
+    is counted (admission refuses every pod, "status unknown", until the controller fills
+    it in) and the default ServiceAccount exists (a pod needs it)."""
+    namespace, quota = new_name("quota"), new_name("gpus")
+    node.kubectl("create", "namespace", namespace)
+    try:
+        node.kubectl(
+            "create", "rolebinding", "alice-hotmount", "-n", namespace,
+            f"--clusterrole={USER_ROLE}", "--user=alice",
+        )  # fmt: skip
+        node.kubectl(
+            "create", "quota", quota, "-n", namespace, f"--hard=requests.{GPU_RESOURCE}={gpus}"
+        )
+        wait_for("the quota is counted", lambda: _quota_counted(node, namespace, quota), 60)
+        wait_for("the default ServiceAccount", lambda: node.service_account_ready(namespace), 60)
+        yield namespace, quota
+    finally:
+        node.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s",
+                     check=False, timeout=150)  # fmt: skip
+
+
+def _quota_counted(node: Node, namespace: str, quota: str) -> bool:
+    found = node.kubectl("get", "resourcequota", quota, "-n", namespace, "-o", "json").stdout
+    return bool(json.loads(found).get("status", {}).get("hard"))
+
+
+@contextmanager
 def running_pod(node: Node, manifest: dict[str, Any]) -> Iterator[str]:
     """The pod created, Running and Ready; deleted afterwards (waiting for it to go)."""
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]

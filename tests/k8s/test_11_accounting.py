@@ -115,22 +115,7 @@ def test_count_mode_finds_the_free_gpu_three_times_out_of_three_beside_a_pin(
 def test_a_namespace_quota_without_gpus_refuses_the_mount_with_exit_7_and_leaves_nothing(
     node: Node, hotmount: flows.Release
 ) -> None:
-    namespace, quota = flows.new_name("quota"), flows.new_name("no-gpus")
-    node.kubectl("create", "namespace", namespace)
-    try:
-        node.kubectl(
-            "create", "rolebinding", "alice-hotmount", "-n", namespace,
-            f"--clusterrole={flows.USER_ROLE}", "--user=alice",
-        )  # fmt: skip
-        node.kubectl(
-            "create", "quota", quota, "-n", namespace, f"--hard=requests.{flows.GPU_RESOURCE}=0"
-        )
-        # Admission refuses every pod ("status unknown") until the controller fills it in,
-        # and a pod needs the namespace's default ServiceAccount (and its token, before 1.24).
-        flows.wait_for("the quota is counted", lambda: _quota_counted(node, namespace, quota), 60)
-        flows.wait_for(
-            "the default ServiceAccount", lambda: node.service_account_ready(namespace), 60
-        )
+    with flows.namespace_with_gpu_quota(node, 0) as (namespace, quota):
         name = flows.new_name("tenant")
         with flows.running_pod(node, flows.quick_pod_manifest(name, namespace)) as pod:
             refused = flows.nvcli(
@@ -142,14 +127,6 @@ def test_a_namespace_quota_without_gpus_refuses_the_mount_with_exit_7_and_leaves
             assert flows.device_state(node, pod, namespace=namespace) == ABSENT
             assert flows.pins(node, namespace=namespace) == []
             assert flows.holders_of(node, pod, namespace) == []
-    finally:
-        node.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s",
-                     check=False, timeout=150)  # fmt: skip
-
-
-def _quota_counted(node: Node, namespace: str, quota: str) -> bool:
-    found = node.kubectl("get", "resourcequota", quota, "-n", namespace, "-o", "json").stdout
-    return bool(json.loads(found).get("status", {}).get("hard"))
 
 
 def test_a_move_hands_the_pin_over_and_no_ordinary_pod_gets_the_gpu_meanwhile(

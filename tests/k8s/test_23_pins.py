@@ -34,20 +34,7 @@ def pinned_to(node: Node, pod: str, namespace: str = "default") -> tuple[str, ..
 def test_a_quota_of_one_gpu_pins_either_free_gpu_five_times_out_of_five(
     node: Node, hotmount: flows.Release
 ) -> None:
-    namespace, quota = flows.new_name("one-gpu"), flows.new_name("one-gpu")
-    node.kubectl("create", "namespace", namespace)
-    try:
-        node.kubectl(
-            "create", "rolebinding", "alice-hotmount", "-n", namespace,
-            f"--clusterrole={flows.USER_ROLE}", "--user=alice",
-        )  # fmt: skip
-        node.kubectl(
-            "create", "quota", quota, "-n", namespace, f"--hard=requests.{flows.GPU_RESOURCE}=1"
-        )
-        flows.wait_for("the quota is counted", lambda: _quota_counted(node, namespace, quota), 60)
-        flows.wait_for(
-            "the default ServiceAccount", lambda: node.service_account_ready(namespace), 60
-        )
+    with flows.namespace_with_gpu_quota(node, 1) as (namespace, _quota):
         name = flows.new_name("tenant")
         with flows.running_pod(node, flows.quick_pod_manifest(name, namespace)) as pod:
             outcomes = []
@@ -63,14 +50,6 @@ def test_a_quota_of_one_gpu_pins_either_free_gpu_five_times_out_of_five(
                 flows.nvcli_ok(node, "alice", "unmount", "--name", pod, "-n", namespace, "--all")
                 assert flows.pins(node, pod, namespace) == []
             assert outcomes == [0] * 5
-    finally:
-        node.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s",
-                     check=False, timeout=150)  # fmt: skip
-
-
-def _quota_counted(node: Node, namespace: str, quota: str) -> bool:
-    found = node.kubectl("get", "resourcequota", quota, "-n", namespace, "-o", "json").stdout
-    return bool(json.loads(found).get("status", {}).get("hard"))
 
 
 def test_an_ordinary_gpu_pod_created_while_a_pin_is_made_is_never_refused_admission(
