@@ -17,19 +17,17 @@ from tests.agent.conftest import ALICE
 from tests.agent.test_idle_reclaim import HUNG, counter, samples, wait_passes
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import FakeActivity
-from tests.support.cuda_standin import UUID_A, A, B, StandIn, build_standin, status
+from tests.support.cuda_standin import UUID_A, A, B, StandIn, status
 from tests.support.runc import RuncContainer
-from tests.support.suspend_world import World
+from tests.support.suspend_world import (
+    World,
+    standin_fixture,  # noqa: F401 (fixtures)
+)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 PODS = "/v1/namespaces/default/pods"
 IDLE = {"idleTimeout": "3s", "idlePolicy": "suspend"}
-
-
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory: pytest.TempPathFactory) -> StandIn:
-    return build_standin(tmp_path_factory.mktemp("idle-suspend"))
 
 
 def activity_file(tmp: Path) -> Path:

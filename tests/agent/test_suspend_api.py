@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from tests.agent.conftest import ALICE, BOB, METRICS
@@ -14,28 +11,12 @@ from tests.support.cuda_standin import (
     UUID_A,
     A,
     B,
-    StandIn,
-    build_standin,
     status,
 )
-from tests.support.suspend_world import World
+from tests.support.suspend_world import World, standin_fixture, world_fixture  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.kernel
 PODS = "/v1/namespaces/default/pods"
-
-
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory: pytest.TempPathFactory) -> StandIn:
-    return build_standin(tmp_path_factory.mktemp("suspend-api"))
-
-
-@pytest.fixture
-def world(tmp_path: Path, standin: StandIn) -> Iterator[World]:
-    made = World(tmp_path, standin)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def test_suspend_then_resume(world: World) -> None:

@@ -15,17 +15,15 @@ from cli.notebook import Config
 from tests.agent.conftest import ALICE
 from tests.agent.test_idle_suspend import HUNG, IDLE, idle_notebook, idle_world
 from tests.cli.test_notebook_warnings import cell
-from tests.support.cuda_standin import MODEL, A, B, StandIn, build_standin, status
-from tests.support.suspend_world import World
+from tests.support.cuda_standin import MODEL, A, B, StandIn, status
+from tests.support.suspend_world import (
+    World,
+    standin_fixture,  # noqa: F401 (fixtures)
+)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 PODS = "/v1/namespaces/default/pods"
-
-
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory: pytest.TempPathFactory) -> StandIn:
-    return build_standin(tmp_path_factory.mktemp("notebook-suspend"))
 
 
 @pytest.fixture

@@ -3,31 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from tests.agent.conftest import ALICE
 from tests.cli.conftest import Run
-from tests.support.cuda_standin import MODEL, A, B, StandIn, build_standin, status
-from tests.support.suspend_world import PODS, World
+from tests.support.cuda_standin import MODEL, A, B, status
+from tests.support.suspend_world import PODS, World, standin_fixture, world_fixture  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.kernel
-
-
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory: pytest.TempPathFactory) -> StandIn:
-    return build_standin(tmp_path_factory.mktemp("suspend-cli"))
-
-
-@pytest.fixture
-def world(tmp_path: Path, standin: StandIn) -> Iterator[World]:
-    made = World(tmp_path, standin)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def test_suspend_then_resume(world: World, nvcli: Callable[..., Run]) -> None:

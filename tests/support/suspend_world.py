@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.agent.conftest import ALICE, Cluster
 from tests.fakes import nvml
 from tests.support.agent import AgentProcess
-from tests.support.cuda_standin import A, StandIn, nvml_config, start_cuda
+from tests.support.cuda_standin import A, StandIn, build_standin, nvml_config, start_cuda
 from tests.support.runc import RuncContainer
 
 PODS = "/v1/namespaces/default/pods"
@@ -54,3 +57,20 @@ class World:
             proc.kill()
             proc.communicate()
         self.cluster.close()
+
+
+# Fixtures a suspend test module imports (`standin_fixture`, `world_fixture`); pytest
+# knows them by their names, `standin` and `world`.
+@pytest.fixture(scope="module", name="standin")
+def standin_fixture(tmp_path_factory: pytest.TempPathFactory) -> StandIn:
+    """The stand-in driver, libcuda and CUDA process, built once a module."""
+    return build_standin(tmp_path_factory.mktemp("suspend"))
+
+
+@pytest.fixture(name="world")
+def world_fixture(tmp_path: Path, standin: StandIn) -> Iterator[World]:
+    made = World(tmp_path, standin)
+    try:
+        yield made
+    finally:
+        made.close()
