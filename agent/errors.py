@@ -65,6 +65,13 @@ class Unschedulable(ApiError):
     code, reason = 409, "Unschedulable"
 
 
+class PinRefused(ApiError):
+    """A resume could not pin the GPU it was to mount (agent/node/suspending.py): nothing
+    is mounted, no pin is left, the suspension is kept."""
+
+    code, reason = 409, "PinRefused"
+
+
 class QuotaExceeded(ApiError):
     """A ResourceQuota of the target's namespace has no room for the pin or holder pod
     that would charge it: refused as the API server refuses, and nothing is mounted."""

@@ -7,7 +7,10 @@
 # Then a second container from a plain image (busybox and glibc, no NVIDIA file at all)
 # gets GPU 0 with --with-driver --driver-root / (docs/driver.md): nvidia-smi and a
 # 256 MiB allocation through the driver API (a small C program that dlopens libcuda.so.1)
-# run inside, and are gone after the unmount. Needs gcc and busybox too.
+# run inside, and are gone after the unmount. Needs gcc and busybox too. Last, the
+# suspend and resume run (scripts/gpu-check-suspend.sh) in the first container: a
+# PyTorch process's GPU memory goes to host memory and back, timed per GiB; its failure
+# is this script's exit status.
 #
 #   sudo PYTHONPATH=$PWD bash scripts/gpu-check.sh     # python3 with torch, pydantic, pynvml
 #
@@ -165,4 +168,9 @@ plain sh -c ". /dev/stdin; cuda-alloc" < $P/env.sh; echo "after: cuda alloc rc=$
 $ENGINE unmount --container pid:$PLAIN_PID --device 0 -o json; echo "unmount rc=$?"
 plain nvidia-smi -L; echo "after the unmount: nvidia-smi rc=$? (not found expected)"
 plain cuda-alloc; echo "after the unmount: cuda alloc rc=$? (no libcuda.so.1 expected)"
+
+step "suspend and resume a PyTorch process's GPU memory (scripts/gpu-check-suspend.sh)"
+bash "$REPO/scripts/gpu-check-suspend.sh" gpucheck 0
+SUSPEND_RC=$?
 echo done
+exit $SUSPEND_RC

@@ -80,7 +80,7 @@ class Node:
             mounting=mounting,
             moves=Moves(engine, kube, metrics, locks, targets, mounting),
             listing=listing,
-            suspending=Suspending(engine, kube, metrics, locks, targets, kubelet, holders),
+            suspending=Suspending(engine, kube, metrics, locks, targets, kubelet, holders, pins),
             reconciler=ReconcilePass(
                 engine,
                 metrics,

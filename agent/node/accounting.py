@@ -25,6 +25,7 @@ from agent.node.dra import DraNames, SliceDevice, slice_devices
 from agent.podresources import PodResourcesClient, PodResourcesError
 from hotmount import engine as eng
 from hotmount.devices.model import Device, DeviceKind
+from hotmount.suspend.model import gpu_uuid
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class Accounting:
         """Each GPU's case. `strict`: a kubelet or API server that cannot answer is an
         error (a mount must not guess "unmanaged" and skip its pin); otherwise what
         could not be read counts as unmanaged (a listing shows what it knows)."""
-        gpus = [d for d in self.engine.inventory.devices if d.kind in GPU_KINDS]
+        gpus = [d for d in self.engine.inventory.devices if is_gpu(d)]
         cases = dict.fromkeys((d.key for d in gpus), Management.UNMANAGED)
         node = self.settings.node_name
         if self.kube is None or not node:
@@ -159,10 +160,19 @@ class Accounting:
         return managed & {d.key for d in gpus}
 
 
+def is_gpu(device: Device) -> bool:
+    """A GPU or MIG device, or a CDI device named by a GPU's UUID (`nvidia.com/gpu=GPU-
+    <uuid>`): where no driver GPU lies under it (a CDI-only inventory, the stand-in
+    driver of the suspend tests) it is that GPU in the books; elsewhere its case is its
+    GPU's anyway."""
+    return device.kind in GPU_KINDS or gpu_uuid(device) is not None
+
+
 def _uuids(device: Device, engine: eng.Engine) -> set[str]:
     """A GPU's UUID and its MIG devices', or a MIG device's and its parent's: a slice
     that lists either covers this device. Casefolded, as `Books.slices` is keyed."""
-    uuids = {device.uuid.casefold()} if device.uuid else set()
+    uuid = gpu_uuid(device)
+    uuids = {uuid.casefold()} if uuid else set()
     parent = engine.inventory.get(device.parent) if device.parent else None
     if parent is not None and parent.uuid:
         uuids.add(parent.uuid.casefold())

@@ -48,6 +48,7 @@ from hotmount import claims
 from hotmount import engine as eng
 from hotmount.claims import Claim
 from hotmount.devices.model import Device, DeviceKind
+from hotmount.suspend.model import gpu_uuid
 
 log = logging.getLogger(__name__)
 
@@ -211,12 +212,13 @@ class Pins:
 
     def _claim(self, target: PodInfo, device: Device, books: Books) -> Holder:
         """A ResourceClaim for exactly this GPU (by UUID) and a pin pod that uses it."""
-        if self.resources is None or device.uuid is None:
+        uuid = gpu_uuid(device)
+        if self.resources is None or uuid is None:
             raise UpstreamError(f"device {device_label(device)} is DRA's, and has no UUID to claim")
         namespace = target.namespace
         name = self.holders.new_name(target, Role.PIN)
         claim = pin_claim_manifest(
-            target, name, books.published_uuid(device.uuid),
+            target, name, books.published_uuid(uuid),
             mig=device.kind is DeviceKind.MIG, names=dra.DraNames.of(self.settings),
         )  # fmt: skip
         with self.holders.in_flight(namespace, [name]):
@@ -230,7 +232,7 @@ class Pins:
                 ) from exc
             try:
                 pod = dra.with_claim(
-                    holder_manifest(self.settings, target, name, 1, Role.PIN, device.uuid), name
+                    holder_manifest(self.settings, target, name, 1, Role.PIN, uuid), name
                 )
                 created = require_kube(self.kube).create_pod(namespace, pod)
                 self._wait_allocated(namespace, name, created.uid)

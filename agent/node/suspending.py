@@ -2,25 +2,42 @@
 under the container's agent lock, the holder and pin pods that kept the GPUs in the
 scheduler's books released on suspend, the Events that tell the pod, the metric.
 
-Resume avoids GPUs the kubelet gave another running pod; it does not make a new pin
-(docs/api.md says so): a resumed GPU is in the engine's claims, not in the scheduler's
-books, as with a forced mount.
+Resume puts the GPUs back into the books as a mount by name does: it avoids GPUs the
+kubelet gave another running pod, asks the engine which GPUs it would mount, pins each
+through the mount by name's own path (`Pins.pinned`: a device plugin's pin, a DRA pin,
+none for a GPU no one else manages), and only then mounts and restores, recording the
+pin with the mount. A pin refused for a GPU the kubelet gave away meanwhile: another
+free GPU of the model is tried; any other refusal (the quota full) is a 409 PinRefused.
+Either way the pins made are deleted and the suspension stays as it was. After a crash
+the ledger's suspension steps decide (hotmount/suspend/flow.py): a resume rolled back
+leaves its pin named by nothing, and reconcile deletes it (at once if the mount had
+named it, after the orphan grace if not); a resume finished keeps it with the mount.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.errors import AllocatedToPod
+from agent.errors import AllocatedToPod, PinRefused, QuotaExceeded, Unschedulable
 from agent.kube.client import KubeClient, PodInfo
 from agent.metrics import Metrics
-from agent.node.holders import HolderPods
+from agent.node.holders import Holder, HolderPods
 from agent.node.kubelet import KubeletBooks
 from agent.node.locks import ContainerLocks
-from agent.node.results import measure, record_event
+from agent.node.pins import HOLDER_KIND, Pins, pin_metadata
+from agent.node.results import device_label, measure, record_event
 from agent.node.targets import Targets
 from agent.schemas import CheckpointedProcess, ResumeResult, SuspendResult
 from hotmount import engine as eng
+from hotmount.devices.model import Device
+from hotmount.errors import DeviceClaimed
+from hotmount.ledger import DeviceRecord
+from hotmount.suspend.choose import NoGpuFree
+from hotmount.suspend.model import ResumeResult as EngineResumeResult
+
+# A pin refused because the GPU is no longer free: the resume tries another GPU of the
+# model (the engine's choice excludes the refused one), at most this often.
+PIN_ATTEMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -32,6 +49,7 @@ class Suspending:
     targets: Targets
     kubelet: KubeletBooks
     holders: HolderPods
+    pins: Pins
 
     def __post_init__(self) -> None:
         ledger = self.engine.ledger
@@ -76,12 +94,9 @@ class Suspending:
         with measure(self.metrics, "resume"):
             info, chosen = self.targets.container(namespace, pod, container)
             assert chosen.container_id is not None
+            wanted = [self.engine.inventory.resolve(ref).key for ref in onto or []] or None
             with self.locks.hold(chosen.container_id):
-                done = self.engine.suspender.resume(
-                    chosen.container_id,
-                    onto=[self.engine.inventory.resolve(ref).key for ref in onto or []] or None,
-                    unavailable=self._allocated_elsewhere(info),
-                )
+                done = self._resume_pinned(info, chosen.container_id, wanted)
             pairs = ", ".join(old if old == new else f"{old} onto {new}"
                               for old, new in done.onto.items())  # fmt: skip
             record_event(
@@ -99,6 +114,56 @@ class Suspending:
                 ],
             )
 
+    def _resume_pinned(
+        self, target: PodInfo, container_id: str, wanted: list[str] | None
+    ) -> EngineResumeResult:
+        """The engine's resume onto GPUs pinned first (the pins deleted again if it fails):
+        a GPU whose pin is refused because it is taken is left out of the next choice."""
+        suspender = self.engine.suspender
+        unavailable = self._allocated_elsewhere(target)
+        for _ in range(PIN_ATTEMPTS):
+            plan = suspender.plan(container_id, onto=wanted, unavailable=unavailable)
+            old = self._suspended(container_id)
+            devices = [self.engine.inventory.resolve(new) for new in plan.values()]
+            first = old[next(iter(plan))]
+            try:
+                with self.pins.pinned(target, devices, first.shared_with, False) as made:
+                    records = {plan[o]: _kept_kind(h, old[o]) for o, h in _by_old(plan, made)}
+                    return suspender.resume(
+                        container_id, onto=list(plan.values()), unavailable=unavailable,
+                        pins=records,
+                    )  # fmt: skip
+            except (Unschedulable, AllocatedToPod, DeviceClaimed, NoGpuFree) as exc:
+                taken = self._taken(target, plan, unavailable)
+                if wanted or not taken:
+                    if isinstance(exc, NoGpuFree):
+                        raise  # the GPU went to a hot-mount: the engine's own answer
+                    raise _refused(devices, exc) from exc
+                unavailable |= taken
+            except QuotaExceeded as exc:
+                raise _refused(devices, exc) from exc
+        raise PinRefused(
+            f"no GPU of the suspended model could be pinned in {PIN_ATTEMPTS} tries: each was "
+            "taken as it was pinned; the suspension is kept as it was"
+        )
+
+    def _suspended(self, container_id: str) -> dict[str, DeviceRecord]:
+        record = self.engine.ledger.load(container_id)
+        return {k: s.device for k, s in record.suspended.items()} if record else {}
+
+    def _taken(
+        self, target: PodInfo, plan: dict[str, str], unavailable: frozenset[str]
+    ) -> frozenset[str]:
+        """The GPUs of `plan` found taken since it was made: given by the kubelet to
+        another pod, or claimed by a hot-mount. With one GPU in the plan and no such
+        finding, that GPU (its pin was refused for it alone)."""
+        chosen = set(plan.values())
+        held = set(self.engine.holders())
+        taken = (self._allocated_elsewhere(target) | held) & chosen
+        if not taken and len(chosen) == 1:
+            taken = chosen
+        return frozenset(taken - unavailable)
+
     def _allocated_elsewhere(self, target: PodInfo) -> frozenset[str]:
         """GPUs the kubelet gave another running pod: never resumed onto."""
         taken = set()
@@ -110,3 +175,27 @@ class Suspending:
             except AllocatedToPod:
                 taken.add(device.key)
         return frozenset(taken)
+
+
+def _by_old(plan: dict[str, str], made: dict[str, Holder]) -> list[tuple[str, Holder]]:
+    """(old key, pin) of each planned GPU that got a pin (a GPU no one else manages has
+    none)."""
+    return [(old, made[new]) for old, new in plan.items() if new in made]
+
+
+def _kept_kind(pin: Holder, old: DeviceRecord) -> dict[str, str]:
+    """What the mount records of its new pin: a GPU that was mounted by count stays one
+    mounted by count (apply and move treat it so), its holder now the pin of this GPU."""
+    recorded = pin_metadata(pin)
+    if old.metadata.get("holder") and HOLDER_KIND not in old.metadata:
+        del recorded[HOLDER_KIND]
+    return recorded
+
+
+def _refused(devices: list[Device], exc: Exception) -> PinRefused:
+    why = getattr(exc, "message", str(exc))
+    names = ", ".join(device_label(d) for d in devices)
+    return PinRefused(
+        f"cannot resume onto {names}: its pin in the scheduler's books was refused ({why}); "
+        "the suspension is kept as it was"
+    )

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[str, dict[str, object]], None]
 # The mount metadata that names a holder or pin pod (agent/node/pins.py): released by the
-# caller on suspend, so a resume does not name it again.
+# caller on suspend, so a resume does not name it again (it names the pin the caller made
+# for the GPU it mounts, given as `pins`).
 _HOLDER_POD_KEYS = frozenset({"holder", "holderUid", "holderKind"})
 DEFAULT_LOCK_TIMEOUT = 10.0  # seconds a process may take to drain its GPU work and lock
 
@@ -229,28 +230,41 @@ class Suspender:
         self._save(container.key, suspension=None, suspended={}, suspended_processes=[])
 
     # -- resume
+    def plan(
+        self,
+        ref: str | ContainerRef | Container,
+        *,
+        onto: list[str] | None = None,
+        unavailable: frozenset[str] = frozenset(),
+    ) -> dict[str, str]:
+        """Old key -> the key of the GPU a resume would mount now (`onto`, `unavailable`
+        as for `resume`), with every refusal `resume` would give, and nothing changed: the
+        agent pins those GPUs first (agent/node/suspending.py), then resumes onto them."""
+        container, alive = self.engine._enter(ref)
+        with alive, self._suspend_lock(container.key):
+            record = self._finish_first(container)
+            _, chosen, _ = self._decide(container, record, onto, unavailable)
+            return {old: c.key for old, c in chosen.items()}
+
     def resume(
         self,
         ref: str | ContainerRef | Container,
         *,
         onto: list[str] | None = None,
         unavailable: frozenset[str] = frozenset(),
+        pins: dict[str, dict[str, str]] | None = None,
         progress: Progress = _quiet,
     ) -> ResumeResult:
         """`onto`: GPUs (keys, UUIDs) to resume onto, one per suspended GPU; `unavailable`:
-        keys the caller knows are taken (the kubelet gave them to another pod)."""
+        keys the caller knows are taken (the kubelet gave them to another pod); `pins`:
+        metadata recorded with each GPU mounted, by its key (its pin pod, made by the
+        caller: agent/node/pins.py), so the mount names it as a mount by name does."""
         engine = self.engine
         container, alive = engine._enter(ref)
         with alive, self._suspend_lock(container.key):
             record = self._finish_first(container)
-            if record is None or not record.suspended:
-                raise choose.NotSuspended(f"container {container.key} has no suspended GPU")
-            api = self.api()
-            version = api.version()
-            choose.require_checkpoint(version)
-            chosen = self._choose(record, onto, unavailable)
-            moves = {record.suspended[o].uuid: c.uuid for o, c in chosen.items() if c.key != o}
-            choose.require_moves(version, moves)
+            api, chosen, moves = self._decide(container, record, onto, unavailable)
+            assert record is not None
             processes = record.suspended_processes
             step = Suspension(
                 op="resume",
@@ -262,7 +276,7 @@ class Suspender:
             self._save(container.key, suspension=step)
             progress("step", {"step": "mounting"})
             try:
-                self._mount(container, record, step.targets)
+                self._mount(container, record, step.targets, pins or {})
             except HotmountError:
                 self._save(container.key, suspension=None)
                 raise
@@ -273,6 +287,25 @@ class Suspender:
             self._save(container.key, suspension=None, suspended={}, suspended_processes=[])
             log.info("resumed %s of %s onto %s", list(chosen), container.key, step.targets)
             return ResumeResult(container.as_dict(), dict(step.targets), listing(processes))
+
+    def _decide(
+        self,
+        container: Container,
+        record: ContainerRecord | None,
+        onto: list[str] | None,
+        unavailable: frozenset[str],
+    ) -> tuple[CheckpointApi, dict[str, choose.Candidate], dict[str, str]]:
+        """The driver, the GPU each suspended one resumes onto, and the moves (old UUID ->
+        new UUID) among them; or the refusal."""
+        if record is None or not record.suspended:
+            raise choose.NotSuspended(f"container {container.key} has no suspended GPU")
+        api = self.api()
+        version = api.version()
+        choose.require_checkpoint(version)
+        chosen = self._choose(record, onto, unavailable)
+        moves = {record.suspended[o].uuid: c.uuid for o, c in chosen.items() if c.key != o}
+        choose.require_moves(version, moves)
+        return api, chosen, moves
 
     def _choose(
         self, record: ContainerRecord, onto: list[str] | None, unavailable: frozenset[str]
@@ -294,14 +327,18 @@ class Suspender:
         return choose.targets(old, free, onto)
 
     def _mount(
-        self, container: Container, record: ContainerRecord, targets: dict[str, str]
+        self,
+        container: Container,
+        record: ContainerRecord,
+        targets: dict[str, str],
+        pins: dict[str, dict[str, str]],
     ) -> None:
         fresh = self._load(container.key)
         if all(new in fresh.devices for new in targets.values()):
             return  # mounted before a crash
         first = record.suspended[next(iter(targets))].device
 
-        def kept(metadata: dict[str, str]) -> dict[str, str]:  # its pin or holder pod is gone
+        def kept(metadata: dict[str, str]) -> dict[str, str]:  # its old pin or holder is gone
             return {k: v for k, v in metadata.items() if k not in _HOLDER_POD_KEYS}
 
         self.engine.mount(
@@ -311,7 +348,8 @@ class Suspender:
             group=first.group,
             share_with=first.shared_with,
             device_metadata={
-                n: kept(record.suspended[o].device.metadata) for o, n in targets.items()
+                n: {**kept(record.suspended[o].device.metadata), **pins.get(n, {})}
+                for o, n in targets.items()
             },
         )
 

@@ -73,13 +73,22 @@ class AggregatedAgent:
 
 
 class Cluster:
-    def __init__(self, workdir: Path, rootfs: Path, cdi_dir: Path, tls: bool = False) -> None:
-        """`tls`: the API server serves HTTPS (kubectl sends no token over plain HTTP)."""
+    def __init__(
+        self,
+        workdir: Path,
+        rootfs: Path,
+        cdi_dir: Path,
+        tls: bool = False,
+        gpus: list[str] | None = None,
+    ) -> None:
+        """`tls`: the API server serves HTTPS (kubectl sends no token over plain HTTP);
+        `gpus`: node-a's device plugin's GPUs (default the fixture GPUs' UUIDs)."""
         self.workdir, self.rootfs, self.cdi_dir = workdir, rootfs, cdi_dir
         self._pki_count = itertools.count()
         self.kubelets = {node: FakePodResourcesServer().start() for node in ("node-a", "node-b")}
+        pool = [g.uuid for g in GPUS] if gpus is None else gpus
         options: dict[str, Any] = {
-            "nodes": {"node-a": [g.uuid for g in GPUS], "node-b": []},
+            "nodes": {"node-a": pool, "node-b": []},
             "podresources": self.kubelets,
         }
         made = FakeKubeApiServer.with_tls(workdir / "kube-pki", **options) if tls else None

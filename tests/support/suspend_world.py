@@ -26,17 +26,20 @@ class World:
         *,
         args: tuple[str, ...] = (),
         env_more: dict[str, str] | None = None,
+        gpus: list[str] | None = None,
     ) -> None:
-        """`args`, `env_more`: more agent flags, and environment over the stand-ins'."""
-        self.cluster = Cluster(tmp, standin.rootfs, standin.cdi_dir)
+        """`args`, `env_more`: more agent flags, and environment over the stand-ins'; `gpus`:
+        the GPUs node-a's device plugin advertises (default none of the stand-in's, so
+        they need no pin)."""
+        self.cluster = Cluster(tmp, standin.rootfs, standin.cdi_dir, gpus=gpus)
         self.nvml_config = nvml_config(tmp / "nvml.conf", [])
         cuda_state = tmp / "cuda-state"
         cuda_state.mkdir()
         env = nvml.env(standin.nvml_dir, self.nvml_config, base={})
         env |= {"FAKE_CUDA_STATE_DIR": str(cuda_state), "FAKE_CUDA_DRIVER_VERSION": "13000"}
-        self.agent: AgentProcess = self.cluster.agent(
-            extra=["--driver-root", str(standin.driver_root), *args], env=env | (env_more or {})
-        )
+        self._extra = ["--driver-root", str(standin.driver_root), *args]
+        self._env = env | (env_more or {})
+        self.agent: AgentProcess = self.cluster.agent(extra=self._extra, env=self._env)
         self.processes: list[subprocess.Popen[bytes]] = []
         self.agent_args = args
 
@@ -51,6 +54,16 @@ class World:
         self.processes.append(proc)
         nvml_config(self.nvml_config, [pid])
         return container, pid
+
+    def crash_and_restart(self) -> None:
+        """SIGKILL the agent wherever it is, then start another on the same state."""
+        self.agent.process.kill()
+        self.agent.process.wait()
+        self.restart()
+
+    def restart(self) -> None:
+        """Another agent on the same state (the last one stopped or killed)."""
+        self.agent = self.cluster.agent(extra=self._extra, env=self._env)
 
     def close(self) -> None:
         for proc in self.processes:
