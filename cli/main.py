@@ -22,13 +22,13 @@ from cli.names import program_name
 
 def main(argv: list[str] | None = None) -> int:
     """The `nvcli` and `kubectl-gpu` console scripts; returns (and exits with) the status."""
-    from cli import statusline
-
     name = program_name(sys.argv[0])
     args = sys.argv[1:] if argv is None else list(argv)
-    quick = statusline.parse(args, name)
-    if quick is not None:
-        code = statusline.run(quick)
+    if "status" in args:  # the other commands import nothing of the quick path
+        from cli import statusline
+
+        quick = statusline.parse(args, name)
+        code = statusline.run(quick) if quick is not None else None
         if code is not None:
             return code
     from cli.app import run
