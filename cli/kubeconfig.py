@@ -115,14 +115,15 @@ def _read(path: str) -> _Merged:
 
 
 def _parse(path: str, texts: list[tuple[Path, str]]) -> _Merged:
-    from cli.plainyaml import NOT_PLAIN, load
+    import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     merged = _Merged({}, {}, {}, None)
     for file, text in texts:
-        data = load(text)  # kubectl's own YAML, without PyYAML's import
-        if data is NOT_PLAIN:
-            data = _pyyaml(path, text)
-        data = data or {}
+        try:
+            data = yaml.load(text, Loader=loader) or {}
+        except yaml.YAMLError as exc:
+            raise _error(f"cannot read kubeconfig {path}: {exc}") from exc
         if not isinstance(data, dict):
             raise _error(f"cannot read kubeconfig {path}: {file} is not a kubeconfig")
         base = os.path.abspath(file.parent)
@@ -134,17 +135,6 @@ def _parse(path: str, texts: list[tuple[Path, str]]) -> _Merged:
         if merged.current is None and data.get("current-context"):
             merged.current = str(data["current-context"])
     return merged
-
-
-def _pyyaml(path: str, text: str) -> Any:
-    """YAML outside cli/plainyaml.py's subset, read (or refused) by PyYAML."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        return yaml.load(text, Loader=loader)
-    except yaml.YAMLError as exc:
-        raise _error(f"cannot read kubeconfig {path}: {exc}") from exc
 
 
 def context_namespace(kubeconfig: str | None = None, context: str | None = None) -> str:

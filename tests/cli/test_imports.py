@@ -138,7 +138,6 @@ def test_static_kubeconfigs_do_not_load_the_kubernetes_client(cluster: Cluster) 
         assert loaded(result, NEVER) == [], config.name
         assert loaded(result, MODELS) == [], config.name
         assert loaded(result, QUICK) == [], config.name
-        assert loaded(result, ("yaml",)) == [], config.name  # read by cli/plainyaml.py
     assert [r.header("x-remote-user") for r in cluster.agent.received] == ["alice", "dave"]
 
 
