@@ -71,6 +71,16 @@ inspect ~30 ms, PyYAML ~9, ssl and http.client ~9, the kubeconfig parse ~3 and t
 context ~3). One module per command left start-up as it was: now / before p50 wall (CPU)
 `--help` 0.98x (1.02x), `version` 0.94x (0.91x), `status` 0.98x (0.91x). The real node's
 3.2x (issue 32) was not re-measured: the tier's lock was held by other runs.
+
+Then (issue 32 item 6 again) a plain status line is answered without typer and click
+(cli/statusline.py), and the kubeconfig read without PyYAML (cli/plainyaml.py). On the
+real node (`--kubectl --before 5828744`, 20 rounds interleaved, load 5.8 from other
+work): status 164 ms p50 against kubectl 119 ms, 1.37x wall, 1.72x CPU (118 / 69 ms);
+before 262 ms, 2.19x wall, 2.83x CPU. A second run (30 rounds, load 4.8): 255 / 186 ms,
+1.37x wall, 1.96x CPU (149 / 76 ms); before 2.25x, 2.69x. Against the fake API server
+(`--before 5828744`, 15 rounds, load 5.4), now / before: status 0.66x wall, 0.55x CPU;
+`--help` 0.97x CPU, `version` 0.99x CPU. Left: site (the editable-install hook),
+http.client with its email parser, ssl, dataclasses with inspect, logging.
 """
 
 from __future__ import annotations

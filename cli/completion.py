@@ -8,8 +8,9 @@ cost; `--name` asks the API server for the namespace's pods and `--mount`/`--unm
 ask the agent for GPUs, each one call bounded by a short timeout. A completer never
 prints an error into the user's prompt: anything that fails completes to nothing.
 
-This module is imported with cli.main, so it imports nothing that costs start-up time
+This module is imported with cli.app, so it imports nothing that costs start-up time
 at import (the client and the kubeconfig reader come in only when a completer runs).
+It imports click: `nvcli status`'s quick path (cli/statusline.py) does not import it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import click  # typer's own dependency, loaded with it: costs nothing more
 
+from cli.names import complete_var
+
 if TYPE_CHECKING:
     from cli.client import HotmountClient
 
@@ -27,12 +30,6 @@ SHELLS = ("bash", "zsh")
 # A completion waits for at most this long on the network: a prompt must not hang.
 COMPLETION_TIMEOUT = "3s"
 log = logging.getLogger("nvcli")
-
-
-def complete_var(prog_name: str) -> str:
-    """The variable the shell sets to ask for completions: `_NVCLI_COMPLETE` for nvcli,
-    `_KUBECTL_GPU_COMPLETE` for the plugin (`kubectl gpu` or `kubectl-gpu`)."""
-    return f"_{prog_name.replace('-', '_').replace(' ', '_').upper()}_COMPLETE"
 
 
 def script(command: click.Command, shell: str, executable: str) -> str:

@@ -75,3 +75,25 @@ def make_client(opts: Common) -> HotmountClient:
     if opts.token or opts.token_file:
         raise UsageError("--token and --token-file go with --agent URL")
     return HotmountClient.from_kubeconfig(opts.kubeconfig, opts.context, timeout=timeout)
+
+
+def check_modes(opts: Common) -> None:
+    if opts.local and opts.agent:
+        raise UsageError("--local and --agent exclude each other")
+    if not opts.local and (opts.host_root or opts.cdi_dir or opts.state_dir):
+        raise UsageError("--host-root, --cdi-dir and --state-dir go with --local")
+
+
+def pick_target(opts: Common, name: str | None, container: str | None) -> tuple[str, str | None]:
+    """('pod', name) or ('container', ID): what a mount, unmount or status is about."""
+    if opts.local:
+        if name:
+            raise UsageError("--local works on containers: --container ID, not --name")
+        if not container:
+            raise UsageError("--local needs --container ID")
+        return "container", container
+    if name:
+        return "pod", name
+    if opts.agent and container:
+        return "container", container  # a standalone agent (hotmount-agent --no-kubernetes)
+    raise UsageError("Missing option '--name' (the pod)")

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
-import sys
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -24,6 +22,7 @@ import typer
 from cli.completion import complete_pods
 from cli.errors import DEFAULT_TIMEOUT, EXIT_USAGE, HotmountClientError
 from cli.explain import explain
+from cli.klog import setup_logging
 from cli.options import Common, OutputFormat
 from cli.output import printable, render
 from cli.reach import UsageError
@@ -141,7 +140,7 @@ def with_common(func: Callable[..., None]) -> Callable[..., None]:
         opts = common.merged(ctx.find_object(Common))
         if ctx.obj is None:  # the root callback: commands merge these with their own
             ctx.obj = opts
-        _setup_logging(opts.v or 0)
+        setup_logging(opts.v or 0)
         try:
             func(opts=opts, **kwargs)
         except UsageError as err:
@@ -161,39 +160,7 @@ def with_common(func: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-# -- logging, durations, the namespace ----------------------------------------------------------
-
-
-class _KlogFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        stamp = self.formatTime(record, "%m%d %H:%M:%S") + f".{int(record.msecs * 1000):06d}"
-        where = f"{record.filename}:{record.lineno}"
-        return f"{record.levelname[0]}{stamp} {record.process:>7} {where}] {record.getMessage()}"
-
-
-def _setup_logging(verbosity: int) -> None:
-    logger = logging.getLogger("nvcli")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_KlogFormatter())
-        logger.addHandler(handler)
-        logger.propagate = False
-    if verbosity >= 6:
-        logger.setLevel(logging.DEBUG)
-    elif verbosity >= 4:
-        logger.setLevel(logging.INFO)
-    else:
-        logger.setLevel(logging.WARNING)
-
-
 # -- reaching the agent ---------------------------------------------------------------------------
-
-
-def check_modes(opts: Common) -> None:
-    if opts.local and opts.agent:
-        raise UsageError("--local and --agent exclude each other")
-    if not opts.local and (opts.host_root or opts.cdi_dir or opts.state_dir):
-        raise UsageError("--host-root, --cdi-dir and --state-dir go with --local")
 
 
 def emit(result: Any, opts: Common) -> None:
@@ -241,23 +208,3 @@ def _valid(kind: Any, value: str) -> bool:
     except ValidationError:
         return False
     return True
-
-
-def pick_target(opts: Common, name: str | None, container: str | None) -> tuple[str, str | None]:
-    """('pod', name) or ('container', ID): what a mount, unmount or status is about."""
-    if opts.local:
-        if name:
-            raise UsageError("--local works on containers: --container ID, not --name")
-        if not container:
-            raise UsageError("--local needs --container ID")
-        return "container", container
-    if name:
-        return "pod", name
-    if opts.agent and container:
-        return "container", container  # a standalone agent (hotmount-agent --no-kubernetes)
-    raise UsageError("Missing option '--name' (the pod)")
-
-
-# kubectl runs a plugin `kubectl gpu ARGS` as the executable `kubectl-gpu` on PATH, with
-# ARGS as they were typed: kubectl's --kubeconfig, --context and -n among them.
-PLUGIN_NAME = "kubectl gpu"

@@ -8,9 +8,7 @@ import typer
 
 from cli.completion import SHELLS
 from cli.errors import EXIT_USAGE
-from cli.wiring import (
-    PLUGIN_NAME,
-)
+from cli.names import PLUGIN_NAME
 
 
 def completion(

@@ -7,9 +7,8 @@ from typing import Annotated
 import typer
 
 from cli.options import Common
-from cli.reach import make_client
+from cli.reach import check_modes, make_client
 from cli.wiring import (
-    check_modes,
     emit,
     local_engine,
     with_common,

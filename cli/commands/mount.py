@@ -9,14 +9,12 @@ import typer
 from cli.completion import complete_gpus
 from cli.options import Common, split_refs
 from cli.output import Waiting
-from cli.reach import UsageError, make_client, namespace_of
+from cli.reach import UsageError, check_modes, make_client, namespace_of, pick_target
 from cli.wiring import (
     Name,
-    check_modes,
     check_names,
     emit,
     local_engine,
-    pick_target,
     with_common,
 )
 

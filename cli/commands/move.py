@@ -8,10 +8,9 @@ import typer
 
 from cli.options import Common
 from cli.output import Waiting
-from cli.reach import make_client, namespace_of
+from cli.reach import check_modes, make_client, namespace_of
 from cli.wiring import (
     Force,
-    check_modes,
     emit,
     local_engine,
     with_common,

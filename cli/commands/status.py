@@ -1,4 +1,5 @@
-"""`nvcli status`: what is hot-mounted in a pod."""
+"""`nvcli status`: what is hot-mounted in a pod. A plain status line is answered by
+cli/statusline.py without typer; this command runs the same `show` for every other."""
 
 from __future__ import annotations
 
@@ -7,14 +8,12 @@ from typing import Annotated
 import typer
 
 from cli.options import Common
-from cli.output import status_table
-from cli.reach import make_client, namespace_of
+from cli.reach import check_modes, pick_target
+from cli.statusline import show
 from cli.wiring import (
     Name,
-    check_modes,
     emit,
     local_engine,
-    pick_target,
     with_common,
 )
 
@@ -40,16 +39,4 @@ def status(
     if opts.local:
         emit(local_engine(opts).status(target or ""), opts)
         return
-    # The reply as the agent sent it: rendered without pydantic or the models, which
-    # would cost more than the request itself (bench/cli_bench.py).
-    with make_client(opts) as client:
-        if kind == "container":
-            doc = client.container_status_document(target or "")
-        else:
-            doc = client.status_document(namespace_of(opts), target or "")
-    if container and kind == "pod":
-        doc["containers"] = [c for c in doc["containers"] if c.get("container") == container]
-    if opts.fmt == "table":
-        typer.echo(status_table(doc))
-    else:
-        emit(doc, opts)
+    show(opts, kind, target or "", container, typer.echo)
