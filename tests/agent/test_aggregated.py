@@ -62,7 +62,7 @@ def test_discovery(cluster: Cluster, backend: AggregatedAgent) -> None:
     assert set(by_name) == {
         "gpumounts", "gpumounts/suspend", "gpumounts/resume", "nodedevices", "reassignments"
     }  # fmt: skip
-    assert by_name["gpumounts/suspend"]["verbs"] == ["create"]
+    assert by_name["gpumounts/suspend"]["verbs"] == ["create", "get"]
     assert by_name["gpumounts"]["namespaced"] is True
     assert by_name["gpumounts"]["kind"] == "GPUMount"
     assert set(by_name["gpumounts"]["verbs"]) == {"create", "delete", "get", "list", "patch"}
