@@ -350,22 +350,43 @@ def move_table(result: ReassignResult) -> str:
 class Waiting:
     """A "waiting…" spinner on stderr while a call runs; silent unless stderr is a TTY.
 
-    It appears only after `delay` seconds, so quick calls print nothing.
+    It appears only after `delay` seconds, so quick calls print nothing. `say(line)`
+    prints a line above it (cli/progress.py's progress lines); `active`: on a TTY.
     """
 
     FRAMES = "|/-\\"
 
-    def __init__(self, message: str, stream: TextIO | None = None, delay: float = 0.3) -> None:
+    def __init__(
+        self,
+        message: str,
+        stream: TextIO | None = None,
+        delay: float = 0.3,
+        enabled: bool = True,
+    ) -> None:
+        """`enabled`: False for a command told to print its result alone (`-o json`)."""
+        self.enabled = enabled
         self.message = message
         self.stream = stream or sys.stderr
         self.delay = delay
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._shown = False
+        self._writing = threading.Lock()  # the spinner's frames and `say`'s lines
+
+    @property
+    def active(self) -> bool:
+        return self._thread is not None
+
+    def say(self, line: str) -> None:
+        if not self.active:
+            return
+        with self._writing:
+            self.stream.write(("\r\033[K" if self._shown else "") + printable(line) + "\n")
+            self.stream.flush()
 
     def __enter__(self) -> Waiting:
         isatty = getattr(self.stream, "isatty", None)
-        if isatty is not None and isatty():
+        if self.enabled and isatty is not None and isatty():
             self._thread = threading.Thread(target=self._spin, daemon=True, name="nvcli-waiting")
             self._thread.start()
         return self
@@ -377,9 +398,10 @@ class Waiting:
         frame = 0
         while not self._stop.is_set():
             elapsed = int(time.monotonic() - start)
-            self.stream.write(f"\r{self.FRAMES[frame % 4]} {self.message} ({elapsed}s)")
-            self.stream.flush()
-            self._shown = True
+            with self._writing:
+                self.stream.write(f"\r{self.FRAMES[frame % 4]} {self.message} ({elapsed}s)")
+                self.stream.flush()
+                self._shown = True
             frame += 1
             self._stop.wait(0.1)
 

@@ -5,7 +5,6 @@ read part-way without timing anything."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -13,38 +12,18 @@ from typing import Any
 import pytest
 
 from tests.agent.conftest import ALICE, BOB
-from tests.support.cuda_standin import A, StandIn, nvml_config, start_cuda, status
-from tests.support.suspend_world import PODS, World, standin_fixture  # noqa: F401 (fixture)
+from tests.support.cuda_standin import A, status
+from tests.support.suspend_world import (  # noqa: F401 (fixtures)
+    PODS,
+    World,
+    gated_fixture,
+    gates_fixture,
+    standin_fixture,
+)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 MIB = 1 << 20
-
-
-@pytest.fixture
-def gates(tmp_path: Path) -> Path:
-    made = tmp_path / "gates"
-    made.mkdir()
-    return made
-
-
-@pytest.fixture
-def gated(tmp_path: Path, standin: StandIn, gates: Path) -> Iterator[World]:
-    (tmp_path / "world").mkdir()
-    made = World(tmp_path / "world", standin, env_more={"FAKE_CUDA_GATE_DIR": str(gates)})
-    try:
-        yield made
-    finally:
-        made.close()
-
-
-def two_processes(world: World) -> list[int]:
-    """The notebook pod with two CUDA processes on GPU A (512 MiB each in NVML)."""
-    container, first = world.notebook()
-    proc, second = start_cuda(container, status="b")
-    world.processes.append(proc)
-    nvml_config(world.nvml_config, [first, second])
-    return sorted([first, second])  # the order the engine takes them in
 
 
 def progress(world: World, verb: str, token: str = ALICE) -> dict[str, Any]:
@@ -60,7 +39,8 @@ def post(world: World, verb: str) -> Any:
 
 
 def test_suspend_and_resume_progress_grow_step_by_step(gated: World, gates: Path) -> None:
-    first, second = two_processes(gated)
+    container, pid = gated.notebook()
+    first, second = gated.second_process(container, pid)
     assert progress(gated, "suspend") == {
         "namespace": "default", "pod": "nb", "op": "suspend", "running": False,
         "container": None, "step": None, "processes": None, "gpuBytes": None, "locked": 0,
@@ -115,7 +95,8 @@ def test_suspend_and_resume_progress_grow_step_by_step(gated: World, gates: Path
 def test_progress_needs_the_verb_of_the_operation(gated: World, gates: Path) -> None:
     """bob may not suspend nb, so he may not watch its suspension: 403 while it runs, as
     before and after; the verb asked is the suspend's own (delete), the resume's (create)."""
-    first, second = two_processes(gated)
+    container, pid = gated.notebook()
+    first, second = gated.second_process(container, pid)
     with ThreadPoolExecutor(1) as pool:
         posted = pool.submit(post, gated, "suspend")
         wait_for(lambda: progress(gated, "suspend")["step"] == "checkpointing", "a suspension")
@@ -130,7 +111,6 @@ def test_progress_needs_the_verb_of_the_operation(gated: World, gates: Path) -> 
         for pid in (first, second):
             (gates / f"checkpoint-{pid}").touch()
         assert posted.result(timeout=60).status_code == 200
-    container = gated.cluster.containers[0]
     assert status(container) == "checkpointed - pattern=ok"
 
 
