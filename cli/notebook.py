@@ -384,6 +384,12 @@ def status_message(result: PodDevices, config: Config) -> str:
 def _idle_text(device: Any) -> str:
     from agent.idle import format_duration
 
+    if device.state == "suspended":
+        return (
+            "suspended (its processes and their GPU memory kept in host memory); "
+            "the next cell, or %gpu resume, gives a GPU back"
+        )
+    suspends = device.idle_policy == "suspend"  # the GPU goes idle, the kernel stays
     if device.idle_seconds is None:
         idle = "idle time not measured yet"
     elif device.idle_seconds == 0:
@@ -391,11 +397,12 @@ def _idle_text(device: Any) -> str:
     else:
         idle = f"idle {format_duration(device.idle_seconds)}"
     timeout = device.idle_timeout
-    text = f"{idle}, " + (f"given back after {timeout} idle" if timeout else "kept until detached")
+    after = f"suspended after {timeout} unused" if suspends else f"given back after {timeout} idle"
+    text = f"{idle}, " + (after if timeout else "kept until detached")
     if device.reclaim_in_seconds is not None:  # warned (GPUIdleSoon)
         from cli.output import reclaim_text
 
-        text += f"; {reclaim_text(device.reclaim_in_seconds)}"
+        text += f"; {reclaim_text(device.reclaim_in_seconds, device.idle_policy)}"
     if device.idle_policy_note:
         text += f" ({device.idle_policy_note})"
     return text
@@ -553,10 +560,7 @@ class ReclaimWarnings:
         for key, gpu, seconds, deadline, policy in devices:
             shown = self._shown.get(key)
             if shown is None or deadline > shown + self.SLACK:
-                text = _reclaim_text(seconds)
-                if policy == "suspend":  # taken away with the kernel kept, not reclaimed
-                    text = text.replace("reclaimed", "suspended", 1)
-                lines.append(f"%gpu: {gpu} will be {text}")
+                lines.append(f"%gpu: {gpu} will be {_reclaim_text(seconds, policy)}")
             self._shown[key] = deadline if shown is None else max(shown, deadline)
         for key in set(self._shown) - {d[0] for d in devices}:
             del self._shown[key]  # no longer warned: a new warning is said again
@@ -593,10 +597,11 @@ class ReclaimWarnings:
         ]
 
 
-def _reclaim_text(seconds: int) -> str:
+def _reclaim_text(seconds: int, policy: str | None) -> str:
+    """`reclaimed in 4m unless used`, or under the policy `suspend` `suspended in ...`."""
     from cli.output import reclaim_text
 
-    return reclaim_text(seconds)
+    return reclaim_text(seconds, policy)
 
 
 def load_ipython_extension(ipython: Any) -> None:

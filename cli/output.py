@@ -215,6 +215,7 @@ def status_table(doc: Mapping[str, Any]) -> str:
             holders_text(d["otherHolders"]) if d.get("otherHolders") else "-",
             d.get("pin") or "-",
             idle_text(d.get("idleSeconds"), d.get("idleTimeout")),
+            d.get("state") or "mounted",
         ]
         for c in doc.get("containers") or []
         for d in c.get("devices") or []
@@ -231,6 +232,7 @@ def status_table(doc: Mapping[str, Any]) -> str:
         "SHARED WITH",
         "PIN",
         "IDLE/TIMEOUT",
+        "STATE",  # mounted, or suspended: given back, its processes kept (nvcli resume)
     ]
     return "\n".join([columns(headers, rows), *(_printable_cell(n) for n in idle_notes(doc))])
 
@@ -244,22 +246,24 @@ def idle_notes(doc: Mapping[str, Any]) -> list[str]:
         for d in c.get("devices") or []:
             gpu = f"GPU {d['index']}" if d.get("index") is not None else d.get("key")
             if d.get("reclaimInSeconds") is not None:
-                when = reclaim_text(d["reclaimInSeconds"])
+                when = reclaim_text(d["reclaimInSeconds"], d.get("idlePolicy"))
                 notes.append(f"{gpu} in {container}: {when}")
             if d.get("idlePolicyNote"):
                 notes.append(f"{gpu} in {container}: {d['idlePolicyNote']}")
     return notes
 
 
-def reclaim_text(seconds: int) -> str:
-    """`reclaimed in 4m unless used` (a warned mount; `now` once due). A minute or more is
-    rounded up to whole minutes: people read `4m`, not `3m59s`."""
+def reclaim_text(seconds: int, policy: str | None = None) -> str:
+    """`reclaimed in 4m unless used` (a warned mount; `now` once due); under the idle
+    policy `suspend`, `suspended in 4m unless used`: the GPU goes, the processes stay. A
+    minute or more is rounded up to whole minutes: people read `4m`, not `3m59s`."""
     from agent.idle import format_duration
 
     if seconds >= 60:
         seconds = -(-seconds // 60) * 60
     when = f"in {format_duration(seconds)}" if seconds > 0 else "now"
-    return f"reclaimed {when} unless used"
+    taken = "suspended" if policy == "suspend" else "reclaimed"
+    return f"{taken} {when} unless used"
 
 
 def idle_text(seconds: int | None, timeout: str | None) -> str:
