@@ -20,9 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent.schemas import ResumeResult, SuspendResult
-
-# cli/notebook.py's Config (not imported: cli/notebook.py loads this module).
-Config = Any
+    from cli.notebook_config import Config
 
 RESUME_TIMEOUT = 300.0  # seconds: a restore moves GPU memory back, seconds per GiB
 
