@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,8 +82,9 @@ def parse(line: str) -> Command:
     return command
 
 
-def run(line: str, config: Config | None = None) -> str:
-    """Do what `%gpu <line>` asks; returns the message (errors raise, see `magic`)."""
+def run(line: str, config: Config | None = None, say: Callable[[str], None] | None = None) -> str:
+    """Do what `%gpu <line>` asks; returns the message (errors raise, see `magic`).
+    `say`: where a suspend's or resume's progress lines go while it runs."""
     command = parse(line)
     if command.action == "help":
         return USAGE
@@ -100,8 +102,8 @@ def run(line: str, config: Config | None = None) -> str:
         from cli import notebook_suspend as ns
 
         if command.action == "suspend":
-            return ns.suspended_message(ns.suspend(config))
-        return ns.resumed_message(ns.resume(config))
+            return ns.suspended_message(ns.suspend(config, say))
+        return ns.resumed_message(ns.resume(config, say=say))
     return list_message(list_gpus(config))
 
 
@@ -110,7 +112,7 @@ def magic(line: str, config: Config | None = None, stdout: Any = None, stderr: A
     out, err = stdout or sys.stdout, stderr or sys.stderr
     action = (line.split(maxsplit=1) or [""])[0]
     try:
-        print(run(line, config), file=out)
+        print(run(line, config, lambda text: print(text, file=out, flush=True)), file=out)
     except Exception as exc:
         try:
             text = error_message(exc, config, action)
