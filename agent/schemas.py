@@ -7,6 +7,10 @@ Paths (JSON, camelCase, OpenAPI at /openapi.json):
     GET    /v1/namespaces/{ns}/pods/{pod}/devices             -> PodDevices
     POST   /v1/namespaces/{ns}/pods/{pod}/devices             MountRequest -> MountResult
     DELETE /v1/namespaces/{ns}/pods/{pod}/devices/{device}?force=&container=  -> UnmountResult
+    POST   /v1/namespaces/{ns}/pods/{pod}/suspend             SuspendRequest -> SuspendResult
+    GET    /v1/namespaces/{ns}/pods/{pod}/suspend?container=  -> OperationProgress
+    POST   /v1/namespaces/{ns}/pods/{pod}/resume              ResumeRequest -> ResumeResult
+    GET    /v1/namespaces/{ns}/pods/{pod}/resume?container=   -> OperationProgress
     POST   /v1/reassign                                       ReassignRequest -> ReassignResult
     standalone (--no-kubernetes):
     GET    /v1/containers/{id}/devices                        -> PodDevices
@@ -401,6 +405,30 @@ class ResumeResult(Model):
     container_id: str
     resumed: dict[str, str]  # suspended GPU -> the GPU it resumed onto
     processes: list[CheckpointedProcess]
+
+
+class OperationProgress(Model):
+    """GET .../suspend or .../resume: the operation of that kind running on the pod, for a
+    caller to poll while its POST runs (agent/node/suspend_progress.py says why a GET).
+    `running: false` when none runs (not yet, or done). Counts grow as it goes: processes
+    locked and checkpointed (suspend) or restored (resume), and `movedBytes`, the GPU
+    memory (NVML's per-process used memory) of the processes checkpointed or restored so
+    far, out of `gpuBytes`."""
+
+    namespace: str | None = None
+    pod: str | None = None
+    op: Literal["suspend", "resume"]
+    running: bool
+    container: str | None = None
+    # starting, locking, checkpointing, unmounting, unmounted; mounting, mounted, restoring
+    step: str | None = None
+    processes: int | None = None  # the CUDA processes found (None: not counted yet)
+    gpu_bytes: int | None = None  # their GPU memory, all together
+    locked: int = 0
+    checkpointed: int = 0
+    restored: int = 0
+    moved_bytes: int = 0
+    elapsed_seconds: float | None = None
 
 
 class ContainerDevices(Model):

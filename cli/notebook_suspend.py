@@ -8,6 +8,10 @@ error, then quiet for a minute), and only while a GPU of this pod is suspended, 
 resume call (bounded). When no GPU of the model is free it prints one line and lets
 the cell run without a GPU; the next cell tries again.
 
+While a suspend or resume runs, its progress is polled (cli/progress.py: GET on the same
+path) and each new line goes to `say`: `%gpu suspend|resume` print them above their
+result, the resume before a cell above its one line.
+
 Imports stay lazy: the client and the agent's models load on the first call.
 """
 
@@ -15,42 +19,60 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent.schemas import ResumeResult, SuspendResult
-
-# cli/notebook.py's Config (not imported: cli/notebook.py loads this module).
-Config = Any
+    from cli.notebook_config import Config
 
 RESUME_TIMEOUT = 300.0  # seconds: a restore moves GPU memory back, seconds per GiB
 
 
-def _post(config: Config, verb: str, timeout: float | None = None) -> Any:
+Say = Callable[[str], None]  # where the progress lines go
+
+
+def _client(config: Config, timeout: float) -> Any:
     from cli.client import HotmountClient
 
-    body = {"container": config.container} if config.container else {}
     verify: str | bool = str(config.ca_file) if config.ca_file else True
-    with HotmountClient.for_agent(
-        config.agent, config.token(), verify=verify, timeout=timeout or RESUME_TIMEOUT
-    ) as client:
-        path = f"/v1/namespaces/{config.namespace}/pods/{config.pod}/{verb}"
+    return HotmountClient.for_agent(config.agent, config.token(), verify=verify, timeout=timeout)
+
+
+def _post(config: Config, verb: str, timeout: float | None = None, say: Say | None = None) -> Any:
+    body = {"container": config.container} if config.container else {}
+    path = f"/v1/namespaces/{config.namespace}/pods/{config.pod}/{verb}"
+    with _client(config, timeout or RESUME_TIMEOUT) as client, _progress(config, path, say):
         return client.transport._call("POST", path, body=body)
 
 
-def suspend(config: Config) -> SuspendResult:
-    """Take this pod's hot-mounted GPUs away, its CUDA processes and their memory kept."""
+def _progress(config: Config, path: str, say: Say | None) -> AbstractContextManager[object]:
+    """The progress lines to `say` while the POST runs, polled on a client of its own."""
+    if say is None:
+        return nullcontext()
+    from cli.progress import Polling
+
+    stack = ExitStack()
+    client = stack.enter_context(_client(config, 2.0))
+    params = {"container": config.container} if config.container else None
+    stack.enter_context(Polling(lambda: client.transport._call("GET", path, params=params), say))
+    return stack
+
+
+def suspend(config: Config, say: Say | None = None) -> SuspendResult:
+    """Take this pod's hot-mounted GPUs away, its CUDA processes and their memory kept;
+    `say`: where each progress line goes while it runs (none: not polled)."""
     from agent.schemas import SuspendResult
 
-    return SuspendResult.model_validate(_post(config, "suspend"))
+    return SuspendResult.model_validate(_post(config, "suspend", say=say))
 
 
-def resume(config: Config, timeout: float | None = None) -> ResumeResult:
+def resume(config: Config, timeout: float | None = None, say: Say | None = None) -> ResumeResult:
     """Give this pod a GPU of the same model back, its processes restored onto it."""
     from agent.schemas import ResumeResult
 
-    return ResumeResult.model_validate(_post(config, "resume", timeout))
+    return ResumeResult.model_validate(_post(config, "resume", timeout, say))
 
 
 def suspended_message(result: SuspendResult) -> str:
@@ -115,8 +137,13 @@ class AutoResume:
 
     def _resume(self, config: Config) -> str:
         """One resume call; its one-line outcome."""
+        stream = self.stream or sys.stderr
+
+        def say(line: str) -> None:
+            print(f"%gpu: {line}", file=stream, flush=True)
+
         try:
-            return "%gpu: " + resumed_message(resume(config, self.resume_timeout))
+            return "%gpu: " + resumed_message(resume(config, self.resume_timeout, say))
         except Exception as exc:
             reason = getattr(exc, "reason", None)
             if reason == "NoGpuFree":

@@ -215,6 +215,7 @@ def status_table(doc: Mapping[str, Any]) -> str:
             holders_text(d["otherHolders"]) if d.get("otherHolders") else "-",
             d.get("pin") or "-",
             idle_text(d.get("idleSeconds"), d.get("idleTimeout")),
+            d.get("state") or "mounted",
         ]
         for c in doc.get("containers") or []
         for d in c.get("devices") or []
@@ -231,6 +232,7 @@ def status_table(doc: Mapping[str, Any]) -> str:
         "SHARED WITH",
         "PIN",
         "IDLE/TIMEOUT",
+        "STATE",  # mounted, or suspended: given back, its processes kept (nvcli resume)
     ]
     return "\n".join([columns(headers, rows), *(_printable_cell(n) for n in idle_notes(doc))])
 
@@ -244,22 +246,24 @@ def idle_notes(doc: Mapping[str, Any]) -> list[str]:
         for d in c.get("devices") or []:
             gpu = f"GPU {d['index']}" if d.get("index") is not None else d.get("key")
             if d.get("reclaimInSeconds") is not None:
-                when = reclaim_text(d["reclaimInSeconds"])
+                when = reclaim_text(d["reclaimInSeconds"], d.get("idlePolicy"))
                 notes.append(f"{gpu} in {container}: {when}")
             if d.get("idlePolicyNote"):
                 notes.append(f"{gpu} in {container}: {d['idlePolicyNote']}")
     return notes
 
 
-def reclaim_text(seconds: int) -> str:
-    """`reclaimed in 4m unless used` (a warned mount; `now` once due). A minute or more is
-    rounded up to whole minutes: people read `4m`, not `3m59s`."""
+def reclaim_text(seconds: int, policy: str | None = None) -> str:
+    """`reclaimed in 4m unless used` (a warned mount; `now` once due); under the idle
+    policy `suspend`, `suspended in 4m unless used`: the GPU goes, the processes stay. A
+    minute or more is rounded up to whole minutes: people read `4m`, not `3m59s`."""
     from agent.idle import format_duration
 
     if seconds >= 60:
         seconds = -(-seconds // 60) * 60
     when = f"in {format_duration(seconds)}" if seconds > 0 else "now"
-    return f"reclaimed {when} unless used"
+    taken = "suspended" if policy == "suspend" else "reclaimed"
+    return f"{taken} {when} unless used"
 
 
 def idle_text(seconds: int | None, timeout: str | None) -> str:
@@ -350,22 +354,43 @@ def move_table(result: ReassignResult) -> str:
 class Waiting:
     """A "waiting…" spinner on stderr while a call runs; silent unless stderr is a TTY.
 
-    It appears only after `delay` seconds, so quick calls print nothing.
+    It appears only after `delay` seconds, so quick calls print nothing. `say(line)`
+    prints a line above it (cli/progress.py's progress lines); `active`: on a TTY.
     """
 
     FRAMES = "|/-\\"
 
-    def __init__(self, message: str, stream: TextIO | None = None, delay: float = 0.3) -> None:
+    def __init__(
+        self,
+        message: str,
+        stream: TextIO | None = None,
+        delay: float = 0.3,
+        enabled: bool = True,
+    ) -> None:
+        """`enabled`: False for a command told to print its result alone (`-o json`)."""
+        self.enabled = enabled
         self.message = message
         self.stream = stream or sys.stderr
         self.delay = delay
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._shown = False
+        self._writing = threading.Lock()  # the spinner's frames and `say`'s lines
+
+    @property
+    def active(self) -> bool:
+        return self._thread is not None
+
+    def say(self, line: str) -> None:
+        if not self.active:
+            return
+        with self._writing:
+            self.stream.write(("\r\033[K" if self._shown else "") + printable(line) + "\n")
+            self.stream.flush()
 
     def __enter__(self) -> Waiting:
         isatty = getattr(self.stream, "isatty", None)
-        if isatty is not None and isatty():
+        if self.enabled and isatty is not None and isatty():
             self._thread = threading.Thread(target=self._spin, daemon=True, name="nvcli-waiting")
             self._thread.start()
         return self
@@ -377,9 +402,10 @@ class Waiting:
         frame = 0
         while not self._stop.is_set():
             elapsed = int(time.monotonic() - start)
-            self.stream.write(f"\r{self.FRAMES[frame % 4]} {self.message} ({elapsed}s)")
-            self.stream.flush()
-            self._shown = True
+            with self._writing:
+                self.stream.write(f"\r{self.FRAMES[frame % 4]} {self.message} ({elapsed}s)")
+                self.stream.flush()
+                self._shown = True
             frame += 1
             self._stop.wait(0.1)
 

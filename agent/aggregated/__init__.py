@@ -7,7 +7,7 @@ SubjectAccessReviews as the /v1 API. Discovery documents are open to every
 authenticated caller, as Kubernetes' own are.
 
     GPUMount (namespaced; name = the pod)  create, get, list (also across namespaces), delete;
-                                            subresources suspend, resume (POST)
+                                            subresources suspend, resume (POST; GET: progress)
     NodeDevices (cluster; name = the node) get, list
     Reassignment (namespaced)               create
 

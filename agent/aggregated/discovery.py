@@ -46,7 +46,7 @@ def api_resources(caller: Caller) -> dict[str, Any]:
                     "name": f"gpumounts/{sub}",
                     "namespaced": True,
                     "kind": "GPUMount",
-                    "verbs": ["create"],
+                    "verbs": ["create", "get"],
                 }
                 for sub in ("suspend", "resume")
             ),

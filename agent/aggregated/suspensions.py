@@ -1,7 +1,12 @@
 """GPUMount's subresources `suspend` and `resume` (POST, a SuspendRequest or
 ResumeRequest as the body): the API server authorizes `create` on `gpumounts/suspend` or
 `gpumounts/resume` (a rule of their own in the shipped ClusterRoles), then the agent asks
-`delete` (suspend) or `create` (resume) on the pod, as for /v1's routes."""
+`delete` (suspend) or `create` (resume) on the pod, as for /v1's routes.
+
+GET on the same paths answers the progress of the one running (OperationProgress in
+the object's status; agent/node/suspend_progress.py says why a polled GET): the API
+server authorizes `get` on the subresource, and the agent asks the POST's own verb on
+the pod, so that who may not suspend a pod may not watch its suspension either."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from fastapi import APIRouter, Body, Request
 from agent.aggregated.objects import PREFIX, VERSION, kube_object
 from agent.deps import Authz, Caller, Gate, Suspending
 from agent.routes.forwarding import local_or_forward
-from agent.routes.pods import Namespace, PodName
+from agent.routes.pods import ContainerQuery, Namespace, PodName
 from agent.schemas import ResumeRequest, SuspendRequest
 
 router = APIRouter(prefix=PREFIX, tags=["aggregated"])
@@ -61,3 +66,43 @@ def resume_gpumount(
 
     sent = body.model_dump(by_alias=True, exclude_none=True)
     return local_or_forward(resume, request, caller, gateway, sent)
+
+
+@router.get(f"{GPUMOUNT}/suspend")
+def suspend_progress(
+    namespace: Namespace,
+    pod: PodName,
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    suspending: Suspending,
+    gateway: Gate,
+    container: ContainerQuery = None,
+) -> Any:
+    authz.require(caller, "delete", namespace, pod)
+
+    def look() -> dict[str, Any]:
+        found = suspending.progress(namespace, pod, "suspend", container)
+        return kube_object("GPUMount", pod, found, namespace)
+
+    return local_or_forward(look, request, caller, gateway)
+
+
+@router.get(f"{GPUMOUNT}/resume")
+def resume_progress(
+    namespace: Namespace,
+    pod: PodName,
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    suspending: Suspending,
+    gateway: Gate,
+    container: ContainerQuery = None,
+) -> Any:
+    authz.require(caller, "create", namespace, pod)
+
+    def look() -> dict[str, Any]:
+        found = suspending.progress(namespace, pod, "resume", container)
+        return kube_object("GPUMount", pod, found, namespace)
+
+    return local_or_forward(look, request, caller, gateway)

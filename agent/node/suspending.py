@@ -16,7 +16,7 @@ named it, after the orphan grace if not); a resume finished keeps it with the mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.errors import AllocatedToPod, PinRefused, QuotaExceeded, Unschedulable
 from agent.kube.client import KubeClient, PodInfo
@@ -26,13 +26,15 @@ from agent.node.kubelet import KubeletBooks
 from agent.node.locks import ContainerLocks
 from agent.node.pins import HOLDER_KIND, Pins, pin_metadata
 from agent.node.results import device_label, measure, record_event
+from agent.node.suspend_progress import InFlight, Op
 from agent.node.targets import Targets
-from agent.schemas import CheckpointedProcess, ResumeResult, SuspendResult
+from agent.schemas import CheckpointedProcess, OperationProgress, ResumeResult, SuspendResult
 from hotmount import engine as eng
 from hotmount.devices.model import Device
 from hotmount.errors import DeviceClaimed
 from hotmount.ledger import DeviceRecord
 from hotmount.suspend.choose import NoGpuFree
+from hotmount.suspend.flow import Progress
 from hotmount.suspend.model import ResumeResult as EngineResumeResult
 
 # A pin refused because the GPU is no longer free: the resume tries another GPU of the
@@ -50,6 +52,7 @@ class Suspending:
     kubelet: KubeletBooks
     holders: HolderPods
     pins: Pins
+    in_flight: InFlight = field(default_factory=InFlight)  # what GET .../suspend answers
 
     def __post_init__(self) -> None:
         ledger = self.engine.ledger
@@ -65,7 +68,10 @@ class Suspending:
             assert chosen.container_id is not None
             with self.locks.hold(chosen.container_id):
                 holders = self.holders.named_in(chosen.container_id)
-                done = self.engine.suspender.suspend(chosen.container_id, lock_timeout=lock_timeout)
+                with self.in_flight.track(namespace, pod, "suspend", chosen.name) as progress:
+                    done = self.engine.suspender.suspend(
+                        chosen.container_id, lock_timeout=lock_timeout, progress=progress
+                    )
                 released = self.holders.release(namespace, holders)
             processes = [CheckpointedProcess(pid=p["pid"], gpu_bytes=p["gpuBytes"])
                          for p in done.processes]  # fmt: skip
@@ -95,8 +101,11 @@ class Suspending:
             info, chosen = self.targets.container(namespace, pod, container)
             assert chosen.container_id is not None
             wanted = [self.engine.inventory.resolve(ref).key for ref in onto or []] or None
-            with self.locks.hold(chosen.container_id):
-                done = self._resume_pinned(info, chosen.container_id, wanted)
+            with (
+                self.locks.hold(chosen.container_id),
+                self.in_flight.track(namespace, pod, "resume", chosen.name) as progress,
+            ):
+                done = self._resume_pinned(info, chosen.container_id, wanted, progress)
             pairs = ", ".join(old if old == new else f"{old} onto {new}"
                               for old, new in done.onto.items())  # fmt: skip
             record_event(
@@ -115,7 +124,11 @@ class Suspending:
             )
 
     def _resume_pinned(
-        self, target: PodInfo, container_id: str, wanted: list[str] | None
+        self,
+        target: PodInfo,
+        container_id: str,
+        wanted: list[str] | None,
+        progress: Progress,
     ) -> EngineResumeResult:
         """The engine's resume onto GPUs pinned first (the pins deleted again if it fails):
         a GPU whose pin is refused because it is taken is left out of the next choice."""
@@ -131,7 +144,7 @@ class Suspending:
                     records = {plan[o]: _kept_kind(h, old[o]) for o, h in _by_old(plan, made)}
                     return suspender.resume(
                         container_id, onto=list(plan.values()), unavailable=unavailable,
-                        pins=records,
+                        pins=records, progress=progress,
                     )  # fmt: skip
             except (Unschedulable, AllocatedToPod, DeviceClaimed, NoGpuFree) as exc:
                 taken = self._taken(target, plan, unavailable)
@@ -163,6 +176,16 @@ class Suspending:
         if not taken and len(chosen) == 1:
             taken = chosen
         return frozenset(taken - unavailable)
+
+    def progress(
+        self, namespace: str, pod: str, op: Op, container: str | None
+    ) -> OperationProgress:
+        """The suspend or resume of the pod running here, if any; a pod on another node
+        is that node's agent's to answer (NotOnThisNode: the route forwards)."""
+        found = self.in_flight.look(namespace, pod, op, container)
+        if not found.running:
+            self.targets.node_check(namespace, pod)
+        return found
 
     def _allocated_elsewhere(self, target: PodInfo) -> frozenset[str]:
         """GPUs the kubelet gave another running pod: never resumed onto."""

@@ -11,6 +11,7 @@ from agent.routes.forwarding import local_or_forward
 from agent.schemas import (
     MountRequest,
     MountResult,
+    OperationProgress,
     PodDevices,
     ReassignRequest,
     ReassignResult,
@@ -144,6 +145,43 @@ def resume(
         caller,
         gateway,
         body.model_dump(by_alias=True, exclude_none=True),
+    )
+
+
+@router.get("/namespaces/{namespace}/pods/{pod}/suspend")
+def suspend_progress(
+    namespace: Namespace,
+    pod: PodName,
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    suspending: Suspending,
+    gateway: Gate,
+    container: ContainerQuery = None,
+) -> OperationProgress | Any:
+    """The suspend running on the pod, for a caller to poll while its POST runs; the
+    same verb as the suspend (`delete`): who may not suspend a pod may not watch one."""
+    authz.require(caller, "delete", namespace, pod)
+    return local_or_forward(
+        lambda: suspending.progress(namespace, pod, "suspend", container), request, caller, gateway
+    )
+
+
+@router.get("/namespaces/{namespace}/pods/{pod}/resume")
+def resume_progress(
+    namespace: Namespace,
+    pod: PodName,
+    request: Request,
+    caller: Caller,
+    authz: Authz,
+    suspending: Suspending,
+    gateway: Gate,
+    container: ContainerQuery = None,
+) -> OperationProgress | Any:
+    """The resume running on the pod; the resume's verb (`create`)."""
+    authz.require(caller, "create", namespace, pod)
+    return local_or_forward(
+        lambda: suspending.progress(namespace, pod, "resume", container), request, caller, gateway
     )
 
 

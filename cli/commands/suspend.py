@@ -2,14 +2,17 @@
 processes kept (their GPU memory moved into host memory), and give a GPU back
 (docs/api.md, "Suspend and resume").
 
-On a terminal a spinner runs while the agent works (the call is one request: the
-summary of processes kept and memory moved comes when it is done); `-o json` and
-`-o yaml` print only the result. Imports stay lazy: the client and the agent's models
-load when a command runs (tests/cli/test_imports.py).
+On a terminal a spinner runs while the agent works, and above it a line each time the
+progress changes (cli/progress.py: GET on the same path, polled while the POST runs):
+the processes locked and checkpointed (or restored), and the GPU memory moved. `-o json`
+and `-o yaml` print only the result: no spinner, no progress, not even on a terminal.
+Imports stay lazy: the client and the agent's models load when a command runs
+(tests/cli/test_imports.py).
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Annotated, Any
 
 import typer
@@ -52,8 +55,13 @@ def suspend(
     """
     pod = _pod(opts, name)
     body = {"lockTimeoutSeconds": lock_timeout, **({"container": container} if container else {})}
-    with make_client(opts) as client, Waiting("suspending (checkpointing GPU memory)..."):
-        data = _post(client, namespace_of(opts), pod, "suspend", body)
+    namespace = namespace_of(opts)
+    with (
+        make_client(opts) as client,
+        Waiting("suspending (checkpointing GPU memory)...", enabled=opts.fmt == "table") as waiting,
+        _progress(opts, waiting, namespace, pod, "suspend", container),
+    ):
+        data = _post(client, namespace, pod, "suspend", body)
     from agent.schemas import SuspendResult
 
     result = SuspendResult.model_validate(data)
@@ -92,8 +100,13 @@ def resume(
     body: dict[str, Any] = {"container": container} if container else {}
     if mount:
         body["mount"] = [ref for value in mount for ref in value.split(",") if ref]
-    with make_client(opts) as client, Waiting("resuming (restoring GPU memory)..."):
-        data = _post(client, namespace_of(opts), pod, "resume", body)
+    namespace = namespace_of(opts)
+    with (
+        make_client(opts) as client,
+        Waiting("resuming (restoring GPU memory)...", enabled=opts.fmt == "table") as waiting,
+        _progress(opts, waiting, namespace, pod, "resume", container),
+    ):
+        data = _post(client, namespace, pod, "resume", body)
     from agent.schemas import ResumeResult
 
     result = ResumeResult.model_validate(data)
@@ -126,4 +139,35 @@ def _post(client: Any, namespace: str, pod: str, verb: str, body: dict[str, Any]
         return transport._call("POST", f"/v1/namespaces/{namespace}/pods/{pod}/{verb}", body=body)
     path = f"{AGGREGATED_PREFIX}/namespaces/{namespace}/gpumounts/{pod}/{verb}"
     answer = transport._call("POST", path, body=body)
+    return answer.get("status") if isinstance(answer, dict) else answer
+
+
+def _progress(
+    opts: Common, waiting: Waiting, namespace: str, pod: str, verb: str, container: str | None
+) -> AbstractContextManager[object]:
+    """On a terminal with `-o table`: the progress lines, polled on a client of its own
+    (one connection each: the POST's is busy until it is done). Else nothing."""
+    if not waiting.active:  # not a terminal, or not -o table
+        return nullcontext()
+    from contextlib import ExitStack
+
+    from cli.progress import Polling
+
+    stack = ExitStack()
+    client = stack.enter_context(make_client(opts))
+    params = {"container": container} if container else None
+    stack.enter_context(Polling(lambda: _get(client, namespace, pod, verb, params), waiting.say))
+    return stack
+
+
+def _get(client: Any, namespace: str, pod: str, verb: str, params: dict[str, str] | None) -> Any:
+    """The running operation's progress (OperationProgress), on either face."""
+    from cli.client import AGGREGATED_PREFIX, AgentTransport
+
+    transport = client.transport
+    if isinstance(transport, AgentTransport):
+        path = f"/v1/namespaces/{namespace}/pods/{pod}/{verb}"
+        return transport._call("GET", path, params=params)
+    path = f"{AGGREGATED_PREFIX}/namespaces/{namespace}/gpumounts/{pod}/{verb}"
+    answer = transport._call("GET", path, params=params)
     return answer.get("status") if isinstance(answer, dict) else answer

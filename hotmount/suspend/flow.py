@@ -266,6 +266,8 @@ class Suspender:
             api, chosen, moves = self._decide(container, record, onto, unavailable)
             assert record is not None
             processes = record.suspended_processes
+            found = {"processes": len(processes), "gpuBytes": sum(p.gpu_bytes for p in processes)}
+            progress("found", found)
             step = Suspension(
                 op="resume",
                 step="mounting",

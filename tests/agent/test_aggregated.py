@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.agent.conftest import ALICE, BOB, AggregatedAgent, Cluster
+from tests.agent.conftest import ALICE, BOB, DANA, AggregatedAgent, Cluster
 from tests.fakes.kube_apiserver import AccessRule
 from tests.fakes.pki import CertificateAuthority
 from tests.support.agent import GPUS
@@ -62,7 +62,7 @@ def test_discovery(cluster: Cluster, backend: AggregatedAgent) -> None:
     assert set(by_name) == {
         "gpumounts", "gpumounts/suspend", "gpumounts/resume", "nodedevices", "reassignments"
     }  # fmt: skip
-    assert by_name["gpumounts/suspend"]["verbs"] == ["create"]
+    assert by_name["gpumounts/suspend"]["verbs"] == ["create", "get"]
     assert by_name["gpumounts"]["namespaced"] is True
     assert by_name["gpumounts"]["kind"] == "GPUMount"
     assert set(by_name["gpumounts"]["verbs"]) == {"create", "delete", "get", "list", "patch"}
@@ -204,6 +204,41 @@ def test_agent_authorizes_what_the_api_server_let_through(
     assert "deny user=carol via=front-proxy verb=create pod=default/nb" in (
         backend.agent.log.read_text()
     )
+
+
+def test_suspension_progress_through_the_api_server(
+    cluster: Cluster, backend: AggregatedAgent
+) -> None:
+    """GET on gpumounts/{pod}/suspend and /resume (polled while the POST runs): through the
+    API server's proxy as one GPUMount object, for dana (the shipped hotmount-user in
+    `default`); erin, whom the API server lets `get` the subresources but who may not
+    suspend or resume nb, is refused by the agent."""
+    cluster.pod("nb")
+    with cluster.api(DANA) as api:
+        for verb in ("suspend", "resume"):
+            answer = api.get(f"{GPUMOUNTS}/nb/{verb}")
+            assert answer.status_code == 200, answer.text
+            obj = answer.json()
+            assert (obj["kind"], obj["metadata"]["name"]) == ("GPUMount", "nb")
+            assert obj["status"]["op"] == verb and obj["status"]["running"] is False
+    cluster.kube.add_token("erin-token", "erin", [])
+    for sub in ("suspend", "resume"):
+        cluster.kube.allow(
+            AccessRule(
+                user="erin",
+                verb="get",
+                api_group="hotmount.io",
+                resource=f"gpumounts/{sub}",
+                namespace="default",
+            )
+        )
+    with cluster.api("erin-token") as erin:
+        for verb, asked in (("suspend", "delete"), ("resume", "create")):
+            refused = erin.get(f"{GPUMOUNTS}/nb/{verb}")
+            assert refused.status_code == 403, refused.text
+            assert f"deny user=erin via=front-proxy verb={asked} pod=default/nb" in (
+                backend.agent.log.read_text()
+            )
 
 
 def test_direct_to_the_tls_agent_without_client_cert(

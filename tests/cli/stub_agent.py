@@ -121,6 +121,8 @@ class StubAgent:
     shares: dict[tuple[str | None, str | None], str] = field(default_factory=dict)
     # (namespace, pod) -> the mount's `reclaimInSeconds` (it was warned, GPUIdleSoon)
     warned: dict[tuple[str | None, str | None], int] = field(default_factory=dict)
+    # (namespace, pod) -> more fields of its device, over the rest (`idlePolicy`, `state`)
+    device_fields: dict[tuple[str | None, str | None], dict[str, Any]] = field(default_factory=dict)
     # The list's `metadata.missingNodes`, as a fanning-out agent would name them.
     missing_nodes: list[dict[str, str]] = field(default_factory=list)
 
@@ -351,6 +353,7 @@ class StubAgent:
         if (reclaim_in := self.warned.get((ns, pod))) is not None:
             device.update(idleTimeout="30m", idleSeconds=1800 - reclaim_in)
             device.update(idlePolicy="unused", reclaimInSeconds=reclaim_in)
+        device.update(self.device_fields.get((ns, pod), {}))
         return {
             "namespace": ns,
             "pod": pod,

@@ -109,6 +109,21 @@ def test_status_says_when_a_warned_gpu_is_reclaimed(nvcli: Nvcli, stub: StubAgen
     assert device["reclaimInSeconds"] == 240 and device["idlePolicy"] == "unused"
 
 
+def test_status_under_the_policy_suspend_says_suspended(nvcli: Nvcli, stub: StubAgent) -> None:
+    stub.warned[("ml", "nb-0")] = 240
+    stub.device_fields[("ml", "nb-0")] = {"idlePolicy": "suspend"}
+    run = nvcli("status", "--name", "nb-0", *agent_args(stub))
+    assert run.rc == 0, run.err
+    assert run.out.splitlines()[-1] == "GPU 1 in main: suspended in 4m unless used"
+    assert run.out.splitlines()[1].split()[-1] == "mounted"
+    del stub.warned[("ml", "nb-0")]
+    stub.device_fields[("ml", "nb-0")] = {"state": "suspended", "paths": []}
+    run = nvcli("status", "--name", "nb-0", *agent_args(stub))
+    assert run.rc == 0, run.err
+    assert run.out.splitlines()[0].split()[-1] == "STATE"
+    assert run.out.splitlines()[1].split()[-1] == "suspended" and len(run.out.splitlines()) == 2
+
+
 # -- parsing: as operators type it --------------------------------------------------------------
 
 

@@ -5,7 +5,9 @@ CUDA process keeps a known pattern in its "GPU memory": `pattern=ok` after a res
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import io
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -16,14 +18,24 @@ from tests.agent.conftest import ALICE
 from tests.agent.test_idle_suspend import HUNG, IDLE, idle_notebook, idle_world
 from tests.cli.test_notebook_warnings import cell
 from tests.support.cuda_standin import MODEL, A, B, StandIn, status
-from tests.support.suspend_world import (
+from tests.support.suspend_world import (  # noqa: F401 (fixtures)
     World,
-    standin_fixture,  # noqa: F401 (fixtures)
+    gated_fixture,
+    gates_fixture,
+    standin_fixture,
 )
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 PODS = "/v1/namespaces/default/pods"
+
+
+def result(printed: str, progress: str) -> str:
+    """The last line printed; every line before it a progress line (`progress` first:
+    they come when a poll finds the operation running, which a fast one may not be)."""
+    *before, last = printed.strip().splitlines()
+    assert all(line.startswith(progress) for line in before), printed
+    return last
 
 
 @pytest.fixture
@@ -78,7 +90,11 @@ def test_the_next_cell_resumes_after_an_idle_suspension(
     assert status(container) == "checkpointed - pattern=ok"
 
     said = cell(shell, capsys, "assert tensors == [1, 2, 3]")  # the kernel's state is kept
-    assert said == f"%gpu: resumed {A}: 1 processes restored with their GPU memory\n"
+    # The idle world's timeout is seconds: the look after this cell may warn already.
+    said = "\n".join(line for line in said.splitlines() if " will be suspended in " not in line)
+    assert result(said, "%gpu: resume: ") == (
+        f"%gpu: resumed {A}: 1 processes restored with their GPU memory"
+    )
     assert status(container) == "running /dev/nvidia0 pattern=ok"
 
 
@@ -89,7 +105,7 @@ def test_gpu_suspend_and_resume_magics(
     capsys.readouterr()
     assert shell.run_cell("%gpu suspend").success  # type: ignore[attr-defined]
     said = capsys.readouterr()
-    assert said.out.strip() == (
+    assert result(said.out, "suspend: ") == (
         f"suspended {A}: 1 processes kept, 512 MiB of GPU memory in host memory; "
         "the next cell (or %gpu resume) gives a GPU back"
     ), said.err
@@ -100,7 +116,9 @@ def test_gpu_suspend_and_resume_magics(
     assert shell.run_cell("%gpu resume").success  # type: ignore[attr-defined]
     said = capsys.readouterr()
     assert said.err == ""
-    assert said.out == f"resumed {A}: 1 processes restored with their GPU memory\n"
+    assert result(said.out, "resume: ") == (
+        f"resumed {A}: 1 processes restored with their GPU memory"
+    )
     assert status(container) == "running /dev/nvidia0 pattern=ok"
 
 
@@ -131,7 +149,9 @@ def test_no_gpu_free_at_the_next_cell_runs_the_cell_without_one(
     with world.agent.client(ALICE) as api:
         assert api.delete(f"{PODS}/other/devices/{B}").status_code == 200
     said = cell(shell, capsys)
-    assert said == f"%gpu: resumed {A} onto {B}: 1 processes restored with their GPU memory\n"
+    assert result(said, "%gpu: resume: ") == (
+        f"%gpu: resumed {A} onto {B}: 1 processes restored with their GPU memory"
+    )
     assert status(container) == "running /dev/nvidia1 pattern=ok"
 
 
@@ -140,3 +160,38 @@ def test_the_magics_are_listed_in_the_usage() -> None:
     assert notebook.parse("resume").action == "resume"
     assert "suspend | resume" in notebook.USAGE
     assert IDLE["idlePolicy"] == "suspend"
+
+
+CHECKPOINTED = "suspend: checkpointed {}/2 processes, {} of 1.0 GiB moved to host memory"
+RESTORED = "resume: restored {}/2 processes, {} of 1.0 GiB moved back to GPU memory"
+
+
+def printed(out: io.StringIO, line: str) -> Callable[[], bool]:
+    return lambda: line in out.getvalue().splitlines()
+
+
+def test_gpu_suspend_and_resume_print_their_progress(
+    gated: World, gates: Path, tmp_path: Path
+) -> None:
+    """Held at the stand-in driver's gates, `%gpu suspend` and `%gpu resume` have
+    printed each count so far above the result they print when done."""
+    container, pid = gated.notebook()
+    first, second = gated.second_process(container, pid)
+    token = tmp_path / "token"
+    token.write_text(ALICE)
+    config = Config(gated.agent.url, token, "default", "nb")
+    for verb, gate, counted in (
+        ("suspend", "checkpoint", CHECKPOINTED),
+        ("resume", "restore", RESTORED),
+    ):
+        out, err = io.StringIO(), io.StringIO()
+        with ThreadPoolExecutor(1) as pool:
+            ran = pool.submit(notebook.magic, verb, config, out, err)
+            wait_for(printed(out, counted.format(0, "0 MiB")), f"{verb}: 0/2", show=out.getvalue)
+            (gates / f"{gate}-{first}").touch()
+            wait_for(printed(out, counted.format(1, "512 MiB")), f"{verb}: 1/2", show=out.getvalue)
+            (gates / f"{gate}-{second}").touch()
+            assert ran.result(timeout=60), err.getvalue()
+        last = result(out.getvalue(), f"{verb}: ")
+        assert last.startswith(f"suspended {A}" if verb == "suspend" else f"resumed {A}")
+    assert status(container) == "running /dev/nvidia0 pattern=ok"

@@ -77,6 +77,31 @@ def test_gpu_status_says_when_a_warned_gpu_is_reclaimed(stub: StubAgent, in_pod:
     assert "reclaimed" not in out.getvalue()
 
 
+def test_under_the_policy_suspend_the_gpu_is_suspended_not_reclaimed(
+    stub: StubAgent, in_pod: Config, shell: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The idle policy `suspend` takes the GPU and keeps the kernel: every message says
+    `suspended`, and a suspended GPU says how it comes back."""
+    stub.warned[POD] = 239
+    stub.device_fields[POD] = {"idlePolicy": "suspend"}
+    out, err = io.StringIO(), io.StringIO()
+    assert notebook.magic("status", in_pod, out, err), err.getvalue()
+    assert out.getvalue().strip() == (
+        f"GPU 1 ({GPUS[1]['uuid']}) in main: idle 26m1s, suspended after 30m unused; "
+        "suspended in 4m unless used"
+    )
+    assert cell(shell, capsys) == "%gpu: GPU 1 will be suspended in 4m unless used\n"
+
+    del stub.warned[POD]
+    stub.device_fields[POD] = {"state": "suspended", "paths": [], "idlePolicy": None}
+    out = io.StringIO()
+    assert notebook.magic("status", in_pod, out, err), err.getvalue()
+    assert out.getvalue().strip() == (
+        f"GPU 1 ({GPUS[1]['uuid']}) in main: suspended (its processes and their GPU memory "
+        "kept in host memory); the next cell, or %gpu resume, gives a GPU back"
+    )
+
+
 def test_the_next_cell_prints_the_warning_once(
     stub: StubAgent, in_pod: Config, shell: object, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -76,10 +76,10 @@ def test_tables() -> None:
     status = render(RESULTS["status"], "table").splitlines()
     assert status[0].split() == [
         "POD", "CONTAINER", "INDEX", "DEVICE", "UUID", "PATHS", "SHARED", "WITH", "PIN",
-        "IDLE/TIMEOUT",
+        "IDLE/TIMEOUT", "STATE",
     ]  # fmt: skip
     assert status[1].split()[:3] == ["ml/nb-0", "main", "1"]
-    assert status[1].split()[-1] == "-/never"
+    assert status[1].split()[-2:] == ["-/never", "mounted"]
     assert idle_text(0, "30m") == "busy/30m" and idle_text(720, "30m") == "12m/30m"
 
     warned = pod_devices()
@@ -87,13 +87,22 @@ def test_tables() -> None:
     device.update(idleTimeout="30m", idleSeconds=1561, idlePolicy="unused")
     device.update(reclaimInSeconds=239, idlePolicyNote=None)
     warned_rows = render(PodDevices.model_validate(warned), "table").splitlines()
-    assert warned_rows[1].split()[-1] == "26m1s/30m"
+    assert warned_rows[1].split()[-2] == "26m1s/30m"
     assert warned_rows[-1] == "GPU 1 in main: reclaimed in 4m unless used"
+    device.update(idlePolicy="suspend")  # the GPU goes, the kernel stays
+    suspending = render(PodDevices.model_validate(warned), "table").splitlines()
+    assert suspending[-1] == "GPU 1 in main: suspended in 4m unless used"
+    device.update(state="suspended", reclaimInSeconds=None, paths=[], idlePolicy=None)
+    suspended = render(PodDevices.model_validate(warned), "table").splitlines()
+    assert suspended[1].split()[-1] == "suspended" and len(suspended) == 2
+    device.update(idlePolicy="unused", state="mounted", reclaimInSeconds=239)
     device.update(reclaimInSeconds=None, idlePolicyNote="judged by holders (unheld): MIG")
     noted = render(PodDevices.model_validate(warned), "table").splitlines()
     assert noted[-1] == "GPU 1 in main: judged by holders (unheld): MIG"
     assert reclaim_text(45) == "reclaimed in 45s unless used"
     assert reclaim_text(0) == "reclaimed now unless used"
+    assert reclaim_text(0, "suspend") == "suspended now unless used"
+    assert reclaim_text(61, "unused") == "reclaimed in 2m unless used"
 
     listing = render(RESULTS["list"], "table").splitlines()
     assert listing[0].split() == [

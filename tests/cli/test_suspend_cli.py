@@ -25,6 +25,10 @@ def test_suspend_then_resume(world: World, nvcli: Callable[..., Run]) -> None:
         f"suspended {A} of nb/main: 1 processes kept, 512 MiB of GPU memory in host memory"
     )
     assert status(container) == "checkpointed - pattern=ok"
+    listed = nvcli("status", "--name", "nb", *flags)
+    assert listed.rc == 0, listed.err
+    [header, row] = listed.out.splitlines()  # no idle note: nothing is warned
+    assert header.split()[-1] == "STATE" and row.split()[-1] == "suspended"
 
     back = nvcli("resume", "--name", "nb", "-o", "json", *flags)
     assert back.rc == 0, back.err

@@ -349,7 +349,7 @@ def test_user_role_is_aggregated_to_edit():
     assert rules_allow(rules, "hotmount.io", "nodedevices", {"get", "list"})
     assert rules_allow(rules, "hotmount.io", "reassignments", {"create"})
     for sub in ("suspend", "resume"):  # the API server's check of the subresource path
-        assert rules_allow(rules, "hotmount.io", f"gpumounts/{sub}", {"create"})
+        assert rules_allow(rules, "hotmount.io", f"gpumounts/{sub}", {"create", "get"})
     assert not rules_allow(rules, "hotmount.io", "gpumounts", {"update"})
     assert not rules_allow(rules, "hotmount.io", "gpumounts", {"force"})
 

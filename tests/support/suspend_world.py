@@ -65,6 +65,14 @@ class World:
         """Another agent on the same state (the last one stopped or killed)."""
         self.agent = self.cluster.agent(extra=self._extra, env=self._env)
 
+    def second_process(self, container: RuncContainer, first: int) -> list[int]:
+        """Another CUDA process in the notebook's container, on GPU A too (512 MiB each
+        in NVML); both host PIDs in the order the engine takes them (sorted)."""
+        proc, second = start_cuda(container, status="b")
+        self.processes.append(proc)
+        nvml_config(self.nvml_config, [first, second])
+        return sorted([first, second])
+
     def close(self) -> None:
         for proc in self.processes:
             proc.kill()
@@ -83,6 +91,26 @@ def standin_fixture(tmp_path_factory: pytest.TempPathFactory) -> StandIn:
 @pytest.fixture(name="world")
 def world_fixture(tmp_path: Path, standin: StandIn) -> Iterator[World]:
     made = World(tmp_path, standin)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture(name="gates")
+def gates_fixture(tmp_path: Path) -> Path:
+    """$FAKE_CUDA_GATE_DIR of `gated` (tests/fakes/driver/libcuda.c): a checkpoint or
+    restore of PID P waits until the test makes `checkpoint-P` or `restore-P` here."""
+    made = tmp_path / "gates"
+    made.mkdir()
+    return made
+
+
+@pytest.fixture(name="gated")
+def gated_fixture(tmp_path: Path, standin: StandIn, gates: Path) -> Iterator[World]:
+    """A world whose checkpoints and restores wait at `gates`."""
+    (tmp_path / "world").mkdir()
+    made = World(tmp_path / "world", standin, env_more={"FAKE_CUDA_GATE_DIR": str(gates)})
     try:
         yield made
     finally:

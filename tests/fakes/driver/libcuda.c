@@ -14,6 +14,9 @@
  * answer CUDA_ERROR_NOT_SUPPORTED, below 13000 a restore with GPU pairs does too.
  * $FAKE_CUDA_STATE_DIR: the "driver's" list of checkpointed processes, one empty file a
  * host PID; the fake NVML leaves them out of its process lists as the real one does.
+ * $FAKE_CUDA_GATE_DIR: when set, a checkpoint or restore of host PID <pid> waits (up to
+ * LONGEST_MS) until <dir>/checkpoint-<pid> or <dir>/restore-<pid> exists, so that a test
+ * holds an operation part-way and reads its progress, without timing anything.
  */
 #include <errno.h>
 #include <poll.h>
@@ -161,6 +164,19 @@ static void mark(int pid, int checkpointed) {
     }
 }
 
+/* $FAKE_CUDA_GATE_DIR's gate for `step` of `pid`: waits until it is opened. */
+static void wait_gate(const char *step, int pid) {
+    const char *dir = getenv("FAKE_CUDA_GATE_DIR");
+    if (!dir)
+        return;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s-%d", dir, step, pid);
+    for (int waited = 0; waited < LONGEST_MS && access(path, F_OK) != 0; waited += 10) {
+        struct timespec tick = {0, 10 * 1000 * 1000};
+        nanosleep(&tick, NULL);
+    }
+}
+
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args) {
     if (version() < 12040)
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -173,6 +189,7 @@ CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args
     (void)args;
     if (version() < 12040)
         return CUDA_ERROR_NOT_SUPPORTED;
+    wait_gate("checkpoint", pid);
     char reply[256];
     CUresult result = ask(pid, "checkpoint", reply, sizeof reply, LONGEST_MS);
     if (result == CUDA_SUCCESS)
@@ -204,6 +221,7 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args) {
             snprintf(command + used, sizeof command - used, " %s=%s", old, new);
         }
     }
+    wait_gate("restore", pid);
     char reply[256];
     CUresult result = ask(pid, command, reply, sizeof reply, LONGEST_MS);
     if (result == CUDA_SUCCESS)
