@@ -221,9 +221,9 @@ int main(int argc, char **argv) {
         char reply[256];
         if (handle(line, reply, sizeof reply, refuse_lock) < 0)
             continue; /* an unanswered lock: kept open, so the caller's wait runs out */
+        status(); /* before the answer: whoever the call returned to reads the new state */
         if (write(conn, reply, strlen(reply)) < 0)
             perror("write");
-        status();
         close(conn);
     }
 }
