@@ -166,6 +166,8 @@ def test_an_idle_notebook_is_suspended_its_gpu_lent_and_its_next_cell_resumes_it
                 assert flows.given_to(node, lent) == (GPU0,)
                 flows.nvcli_ok(node, "alice", "unmount", "--name", other, "--all")
 
+            # the cell's own GPU work: its resumed GPU stays busy while it is looked at
+            nvml.write_activity(activity, [FakeActivity(g.uuid, gpu=60) for g in NVML_GPUS])
             said = kernel.run(NEXT)
 
             assert "%gpu: resumed" in said and "1 processes restored" in said, said
