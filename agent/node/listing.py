@@ -164,14 +164,20 @@ class Listing:
 
     def mounted_namespaces(self) -> list[str]:
         """The namespaces of this node's mounts, from the ledger alone (no API call)."""
-        return sorted(
-            {
-                d.metadata["namespace"]
-                for r in self.engine.ledger.records()
-                for d in r.devices.values()
-                if d.metadata.get("pod") and d.metadata.get("namespace")
-            }
-        )
+        return sorted({namespace for namespace, _ in self._pods_in_ledger()})
+
+    def _pods_in_ledger(self) -> set[tuple[str, str]]:
+        """(namespace, pod) of every mount in the ledger, a suspended one too: a pod whose
+        GPUs are all suspended has no device mounted, and is still listed (as suspended)."""
+        return {
+            (meta["namespace"], meta["pod"])
+            for r in self.engine.ledger.records()
+            for meta in (
+                *(d.metadata for d in r.devices.values()),
+                *(s.device.metadata for s in r.suspended.values()),
+            )
+            if meta.get("pod") and meta.get("namespace")
+        }
 
     def namespace_mounts(self, namespace: str) -> list[PodDevices]:
         return self.all_mounts(namespace).get(namespace, [])
@@ -179,15 +185,7 @@ class Listing:
     def all_mounts(self, namespace: str | None = None) -> dict[str, list[PodDevices]]:
         """Namespace to the mounts of each of its pods on this node (one namespace's when
         `namespace` is given); pods that are gone already are left out."""
-        pods = sorted(
-            {
-                (d.metadata["namespace"], d.metadata["pod"])
-                for r in self.engine.ledger.records()
-                for d in r.devices.values()
-                if d.metadata.get("pod") and d.metadata.get("namespace")
-                if namespace is None or d.metadata["namespace"] == namespace
-            }
-        )
+        pods = sorted(p for p in self._pods_in_ledger() if namespace in (None, p[0]))
         out: dict[str, list[PodDevices]] = {}
         for pod_namespace, pod in pods:
             try:
