@@ -150,7 +150,7 @@ class Listing:
                                 self._mounted_from_record(d, record.key, hot, kubelet)
                                 for d in devices
                             ),
-                            *(suspended_device(s) for s in suspended),
+                            *(self._suspended_device(s) for s in suspended),
                         ],
                     )
                 )
@@ -161,6 +161,10 @@ class Listing:
             pod_uid=info.uid,
             containers=containers,
         )
+
+    def _suspended_device(self, entry: SuspendedGpu) -> MountedDevice:
+        device = self.engine.inventory.get(entry.device.key)
+        return suspended_device(entry, device.index if device else None)
 
     def mounted_namespaces(self) -> list[str]:
         """The namespaces of this node's mounts, from the ledger alone (no API call)."""
@@ -278,11 +282,13 @@ class Listing:
         return samples
 
 
-def suspended_device(entry: SuspendedGpu) -> MountedDevice:
-    """A GPU a suspension took (hotmount/suspend/): no paths, no holder pod."""
+def suspended_device(entry: SuspendedGpu, index: int | None = None) -> MountedDevice:
+    """A GPU a suspension took (hotmount/suspend/): no paths, no holder pod; its index
+    (the inventory's) as a mounted one has, for `kubectl get gpumounts` to show it so."""
     return MountedDevice(
         key=entry.device.key,
         kind=entry.device.kind,
+        index=index,
         uuid=entry.uuid or None,
         paths=[],
         mounted_at=entry.device.mounted_at,
