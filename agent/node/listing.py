@@ -150,7 +150,7 @@ class Listing:
                                 self._mounted_from_record(d, record.key, hot, kubelet)
                                 for d in devices
                             ),
-                            *(suspended_device(s) for s in suspended),
+                            *(self._suspended_device(s) for s in suspended),
                         ],
                     )
                 )
@@ -162,16 +162,26 @@ class Listing:
             containers=containers,
         )
 
+    def _suspended_device(self, entry: SuspendedGpu) -> MountedDevice:
+        device = self.engine.inventory.get(entry.device.key)
+        return suspended_device(entry, device.index if device else None)
+
     def mounted_namespaces(self) -> list[str]:
         """The namespaces of this node's mounts, from the ledger alone (no API call)."""
-        return sorted(
-            {
-                d.metadata["namespace"]
-                for r in self.engine.ledger.records()
-                for d in r.devices.values()
-                if d.metadata.get("pod") and d.metadata.get("namespace")
-            }
-        )
+        return sorted({namespace for namespace, _ in self._pods_in_ledger()})
+
+    def _pods_in_ledger(self) -> set[tuple[str, str]]:
+        """(namespace, pod) of every mount in the ledger, a suspended one too: a pod whose
+        GPUs are all suspended has no device mounted, and is still listed (as suspended)."""
+        return {
+            (meta["namespace"], meta["pod"])
+            for r in self.engine.ledger.records()
+            for meta in (
+                *(d.metadata for d in r.devices.values()),
+                *(s.device.metadata for s in r.suspended.values()),
+            )
+            if meta.get("pod") and meta.get("namespace")
+        }
 
     def namespace_mounts(self, namespace: str) -> list[PodDevices]:
         return self.all_mounts(namespace).get(namespace, [])
@@ -179,15 +189,7 @@ class Listing:
     def all_mounts(self, namespace: str | None = None) -> dict[str, list[PodDevices]]:
         """Namespace to the mounts of each of its pods on this node (one namespace's when
         `namespace` is given); pods that are gone already are left out."""
-        pods = sorted(
-            {
-                (d.metadata["namespace"], d.metadata["pod"])
-                for r in self.engine.ledger.records()
-                for d in r.devices.values()
-                if d.metadata.get("pod") and d.metadata.get("namespace")
-                if namespace is None or d.metadata["namespace"] == namespace
-            }
-        )
+        pods = sorted(p for p in self._pods_in_ledger() if namespace in (None, p[0]))
         out: dict[str, list[PodDevices]] = {}
         for pod_namespace, pod in pods:
             try:
@@ -280,11 +282,13 @@ class Listing:
         return samples
 
 
-def suspended_device(entry: SuspendedGpu) -> MountedDevice:
-    """A GPU a suspension took (hotmount/suspend/): no paths, no holder pod."""
+def suspended_device(entry: SuspendedGpu, index: int | None = None) -> MountedDevice:
+    """A GPU a suspension took (hotmount/suspend/): no paths, no holder pod; its index
+    (the inventory's) as a mounted one has, for `kubectl get gpumounts` to show it so."""
     return MountedDevice(
         key=entry.device.key,
         kind=entry.device.kind,
+        index=index,
         uuid=entry.uuid or None,
         paths=[],
         mounted_at=entry.device.mounted_at,

@@ -32,6 +32,11 @@ def test_suspend_then_resume(world: World) -> None:
 
         [listed] = api.get(f"{PODS}/nb/devices").json()["containers"][0]["devices"]
         assert listed["state"] == "suspended" and listed["paths"] == [] and listed["key"] == A
+        # `kubectl get gpumounts` lists it, though none of its GPUs is mounted now
+        gpumounts = api.get("/apis/hotmount.io/v1alpha1/namespaces/default/gpumounts").json()
+        [item] = [i for i in gpumounts["items"] if i["metadata"]["name"] == "nb"]
+        [shown] = item["status"]["containers"][0]["devices"]
+        assert shown["state"] == "suspended" and shown["key"] == A, item
         with world.agent.client(METRICS) as scraper:
             assert "hotmount_suspended_gpus 1.0" in scraper.get("/metrics").text
 

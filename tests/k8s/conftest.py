@@ -30,6 +30,7 @@ from tests.k8s import flows
 from tests.k8s.deviceplugin import FakeGpuPlugin, nvidia
 from tests.k8s.node import cluster
 from tests.k8s.node.cluster import Node
+from tests.k8s.notebook_image import REFERENCE, build_notebook_image
 from tests.support.image import build_agent_image
 
 WHY_NOT = cluster.missing_requirements()
@@ -156,3 +157,12 @@ def hotmount(node: Node, gpus: flows.Gpus) -> Iterator[flows.Release]:
         yield release
     finally:
         release.uninstall()
+
+
+@pytest.fixture(scope="package")
+def notebook_image(node: Node, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The notebook image (tests/k8s/notebook_image.py) imported, once for flows 10 and 26."""
+    with _Setup("the notebook image"), _Timer("notebook image"):
+        image = node.image  # type: ignore[attr-defined]
+        node.import_image(build_notebook_image(image.archive, tmp_path_factory.mktemp("notebook")))
+    return REFERENCE

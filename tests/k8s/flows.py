@@ -99,6 +99,8 @@ class Release:
     driver: dict[str, Any] = field(default_factory=dict)  # the chart's driver.* values
     dra: dict[str, Any] = field(default_factory=dict)  # the chart's dra.* values
     nvml_config: str = "gpus.conf"  # in gpus.nvml_dir: which GPUs the fake NVML shows
+    # more extraEnv, extraVolumes, extraVolumeMounts entries (the stand-in CUDA driver's)
+    extras: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     values_file: Path = field(init=False)
 
     def values(self) -> dict[str, Any]:
@@ -115,10 +117,15 @@ class Release:
                 {
                     "name": "fake-nvml",
                     "hostPath": {"path": str(self.gpus.nvml_dir), "type": "Directory"},
-                }
+                },
+                *self.extras.get("extraVolumes", []),
             ],
-            "extraVolumeMounts": [{"name": "fake-nvml", "mountPath": NVML_MOUNT, "readOnly": True}],
+            "extraVolumeMounts": [
+                {"name": "fake-nvml", "mountPath": NVML_MOUNT, "readOnly": True},
+                *self.extras.get("extraVolumeMounts", []),
+            ],
             "extraEnv": [
+                *self.extras.get("extraEnv", []),
                 {"name": "LD_LIBRARY_PATH", "value": NVML_MOUNT},
                 {"name": "FAKE_NVML_CONFIG", "value": f"{NVML_MOUNT}/{self.nvml_config}"},
                 # GPU utilization the tests write (issue 20); no file: every GPU is idle
@@ -168,6 +175,15 @@ class Release:
         """The chart's driver.* values (flow 18); {}: the chart's defaults."""
         if driver != self.driver:
             self.driver = driver
+            self.upgrade()
+
+    def set_driver_and_extras(
+        self, driver: dict[str, Any], extras: dict[str, list[dict[str, Any]]]
+    ) -> None:
+        """The chart's driver.* values and more of the agent's pod (`extras`), in one
+        upgrade (flow 26); {} and {}: the defaults."""
+        if (driver, extras) != (self.driver, self.extras):
+            self.driver, self.extras = driver, extras
             self.upgrade()
 
     def set_dra(self, dra: dict[str, Any], nvml_config: str) -> None:
@@ -359,6 +375,16 @@ def events(node: Node, pod: str, reason: str, namespace: str = "default") -> lis
         "--field-selector", f"involvedObject.name={pod},reason={reason}",
     )  # fmt: skip
     return list(json.loads(found.stdout)["items"])
+
+
+def kubectl_table(node: Node, user: str, *args: str) -> list[dict[str, str]]:
+    """kubectl's table as rows of {HEADER: cell} (columns are two or more spaces apart)."""
+    result = node.kubectl("get", *args, user=user)
+    if not result.stdout:  # "No resources found", on stderr
+        return []
+    header, *lines = result.stdout.splitlines()
+    names = re.split(r"\s{2,}", header.strip())
+    return [dict(zip(names, re.split(r"\s{2,}", line.strip()), strict=True)) for line in lines]
 
 
 def pod_resources() -> dict[tuple[str, str], tuple[str, ...]]:

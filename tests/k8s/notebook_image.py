@@ -6,7 +6,9 @@ agent's base), plus `/opt/gpu-hotmount` (the project's venv: cli.notebook,
 pydantic) taken from the agent image the tier already built. The system python3 (the
 same 3.11 the venv was made with) runs IPython with the venv's site-packages on
 PYTHONPATH, as a notebook image with `pip install gpu-hotmount[notebook]` would have
-them. Packed by scripts/oci_archive.py and imported with `ctr images import`.
+them. It also carries the stand-in CUDA process (tests/fakes/driver/cuda_process.c) at
+/usr/local/bin/cuda_process, which a notebook cell starts as a CUDA program it runs
+(flow 26). Packed by scripts/oci_archive.py and imported with `ctr images import`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+
+from tests.fakes import driver
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("HOTMOUNT_IMAGE_CACHE", "/var/cache/gpu-hotmount"))
@@ -80,6 +84,8 @@ def build_notebook_image(agent_archive: Path, directory: Path) -> Path:
         ["tar", "-C", str(root), "--numeric-owner", "-xzpf", str(layer), "opt/gpu-hotmount"],
         check=True,
     )
+    (root / "usr/local/bin").mkdir(parents=True, exist_ok=True)
+    driver.build_cuda_process(root / "usr/local/bin/cuda_process")
     config = {
         "User": "0",
         "Env": [

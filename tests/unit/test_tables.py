@@ -6,7 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from agent.node.listing import suspended_device
 from agent.tables import human_duration, table, table_version
+from hotmount.ledger import DeviceRecord, SuspendedGpu
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 KUBECTL_ACCEPT = (  # what kubectl 1.20 to 1.35 sends with `get`
@@ -143,8 +145,15 @@ def test_nodedevices_has_a_row_per_device_with_every_holder() -> None:
 
 
 def test_a_suspended_gpu_says_so() -> None:
-    """A GPU a suspension took: its row says suspended, in GPUs and in -o wide's State."""
-    obj = gpumount("nb", state="suspended", paths=[])
+    """A GPU a suspension took: its row says suspended, in GPUs and in -o wide's State;
+    the device is what the agent's listing makes of the ledger's entry (its index too)."""
+    record = DeviceRecord(key="GPU-8c1f2e3a-0000", kind="gpu", node_paths=["/dev/nvidia0"],
+                          mounted_at="2026-11-24T11:55:00Z")  # fmt: skip
+    entry = SuspendedGpu(device=record, uuid=record.key, suspended_at="2026-11-24T11:58:00Z")
+    obj = gpumount("nb")
+    obj["status"]["containers"][0]["devices"] = [
+        suspended_device(entry, 0).model_dump(mode="json", by_alias=True, exclude_none=True)
+    ]
     doc = table("GPUMount", [obj], "v1", "None", now=NOW)
     names = [c["name"] for c in doc["columnDefinitions"]]
     (row,) = doc["rows"]

@@ -14,9 +14,14 @@
  * opened again, which fails while the cgroup denies it; the memory copied back and the
  * pattern checked), "unlock", "state". Each --gpu maps a UUID to its node, as the driver
  * maps a UUID to a minor. --keep-open: a second fd on the first GPU's node that is the
- * process's own, not CUDA's, so a checkpoint leaves it open. --status (default /tmp/cuda-process.status) says where it
- * stands, for the tests:
+ * process's own, not CUDA's, so a checkpoint leaves it open. --status (default
+ * /tmp/cuda-process.status) says where it stands, for the tests:
  * "<state> <node> pattern=<ok|bad>".
+ *
+ * A node with no driver behind it (the real-node tier's 195:<minor>) answers ENXIO
+ * once the device cgroup has let the open through (a denied one answers EPERM first):
+ * the process then holds the node by an O_PATH fd, which /proc/<pid>/fd shows as the
+ * real driver's fd would, and which a checkpoint closes the same way.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -60,13 +65,21 @@ static void status(void) {
     rename(scratch, status_path);
 }
 
+/* Open a GPU's node; with no driver behind it (ENXIO: the cgroup allowed it), hold it. */
+static int open_node(const char *path) {
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0 && errno == ENXIO)
+        fd = open(path, O_PATH | O_CLOEXEC);
+    return fd;
+}
+
 static int open_gpu(int gpu, char *why, size_t n) {
-    gpu_fd = open(nodes[gpu], O_RDWR | O_CLOEXEC);
+    gpu_fd = open_node(nodes[gpu]);
     if (gpu_fd < 0) {
         snprintf(why, n, "open %s: %s", nodes[gpu], strerror(errno));
         return -1;
     }
-    if (ctl_path && (ctl_fd = open(ctl_path, O_RDWR | O_CLOEXEC)) < 0) {
+    if (ctl_path && (ctl_fd = open_node(ctl_path)) < 0) {
         snprintf(why, n, "open %s: %s", ctl_path, strerror(errno));
         close(gpu_fd);
         gpu_fd = -1;
@@ -178,7 +191,7 @@ int main(int argc, char **argv) {
     char why[200];
     if (open_gpu(0, why, sizeof why) < 0)
         return fprintf(stderr, "%s\n", why), 1;
-    if (keep_open && open(nodes[0], O_RDWR) < 0)
+    if (keep_open && open_node(nodes[0]) < 0)
         return perror(nodes[0]), 1;
     device_memory = malloc(size);
     for (size_t i = 0; i < size; i++)
@@ -208,9 +221,9 @@ int main(int argc, char **argv) {
         char reply[256];
         if (handle(line, reply, sizeof reply, refuse_lock) < 0)
             continue; /* an unanswered lock: kept open, so the caller's wait runs out */
+        status(); /* before the answer: whoever the call returned to reads the new state */
         if (write(conn, reply, strlen(reply)) < 0)
             perror("write");
-        status();
         close(conn);
     }
 }

@@ -1,0 +1,184 @@
+"""Flow 26 (issue 33): an idle notebook's GPU is suspended, used by another pod, and given
+back by the notebook's next cell, with the kernel's Python state and GPU memory intact.
+
+The notebook pod runs a kernel (tests/k8s/notebook.py's `Kernel`) with the pod annotated
+`hotmount.io/idle-policy: suspend`, as a user would: `%load_ext cli.notebook`, `%gpu
+attach 0 --idle 10s`, then a cell that starts a CUDA program (the stand-in CUDA process,
+tests/fakes/driver/cuda_process.c, in the notebook image) holding a known pattern in
+its "GPU memory", and keeps some Python state. The GPU is busy in NVML's activity
+while that is set up; then the notebook goes quiet: the agent warns (`GPUIdleSoon`),
+suspends (`GPUSuspended`: the process checkpointed, the GPU unmounted, its pin
+deleted), and `kubectl get gpumounts` shows the mount suspended. Another pod then gets
+that GPU mounted by name (the kubelet gives its pin that GPU: the books freed it),
+opens it, and lets it go. The notebook's next cell resumes first (the `pre_run_cell`
+hook) and finds its variables and the process's pattern intact on a GPU again.
+
+The agent has the stand-in driver as a node has its own: the driver root
+(tests/fakes/driver: libcuda.so.1 with the checkpoint calls) in a host directory it
+reads through the host's / at /host, as flow 18 sets it up; the fake NVML reports the
+process's host PID on GPU 0 (and, as the real one, not while it is checkpointed:
+FAKE_CUDA_STATE_DIR, in the agent's pod). There is no driver behind the GPU nodes
+(195:<minor>): the process holds them by O_PATH once the cgroup lets them open.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import driver, nvml
+from tests.fakes.nvml import FakeActivity, FakeGpu
+from tests.k8s import flows
+from tests.k8s.flows import ABSENT, GRANTED, NVML_ACTIVITY, NVML_GPUS
+from tests.k8s.node.cluster import Node
+from tests.k8s.notebook import Kernel, notebook_pod
+
+pytestmark = pytest.mark.skipif(nvml.gcc() is None, reason="gcc builds the stand-in driver")
+
+GPU0 = NVML_GPUS[0].uuid
+STATE_DIR = "/run/fake-cuda"  # in the agent's pod: the stand-in driver's checkpointed PIDs
+STATUS = "/tmp/gpu.status"  # in the notebook pod: where the CUDA process says how it is
+START = f"""
+import subprocess
+gpus = []
+for i, uuid in enumerate({[g.uuid for g in NVML_GPUS]!r}):
+    gpus += ["--gpu", f"{{uuid}}=/dev/nvidia{{i}}"]
+program = subprocess.Popen(
+    ["cuda_process", *gpus, "--ctl", "/dev/nvidiactl", "--status", "{STATUS}"],
+    stdout=subprocess.PIPE, cwd="/",
+)
+print(program.stdout.readline().decode().strip())
+tensors = {{"weights": [1.5, 2.5], "step": 42}}
+"""
+NEXT = f"print('state', tensors['step'], sum(tensors['weights'])); print(open('{STATUS}').read())"
+
+
+@pytest.fixture(scope="module")
+def standin_driver(
+    hotmount: flows.Release, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[flows.Release]:
+    """The release with the stand-in driver root; the chart's defaults after."""
+    root = driver.build_root(tmp_path_factory.mktemp("cuda-driver"))
+    hotmount.set_driver_and_extras(
+        {"hostRoot": "/host", "hostRootPropagation": "None", "root": str(root), "inject": "never"},
+        {
+            "extraVolumes": [{"name": "fake-cuda-state", "emptyDir": {}}],
+            "extraVolumeMounts": [{"name": "fake-cuda-state", "mountPath": STATE_DIR}],
+            "extraEnv": [{"name": "FAKE_CUDA_STATE_DIR", "value": STATE_DIR}],
+        },
+    )
+    try:
+        yield hotmount
+    finally:
+        hotmount.set_driver_and_extras({}, {})
+
+
+def _nvml_shows(release: flows.Release, pids_on_gpu0: tuple[int, ...]) -> None:
+    """The fake NVML's GPUs, with these processes on GPU 0 (replaced in one rename)."""
+    config = release.gpus.nvml_dir / release.nvml_config
+    gpus = [FakeGpu(NVML_GPUS[0].uuid, NVML_GPUS[0].bus_id, NVML_GPUS[0].minor, pids_on_gpu0),
+            *NVML_GPUS[1:]]  # fmt: skip
+    nvml.write_config(config.with_name(config.name + ".new"), gpus).replace(config)
+
+
+def _host_pids(node: Node, pod: str, command: str) -> list[int]:
+    """Host PIDs of the pod's processes running `command` (by the pod's cgroup)."""
+    found = flows.get_pod(node, pod)
+    assert found is not None
+    uid = found["metadata"]["uid"]
+    marks = (uid, uid.replace("-", "_"))
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc / "comm").read_text().strip() != command:
+                continue
+            cgroup = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        if any(mark in cgroup for mark in marks):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _gpumount(node: Node, pod: str) -> dict[str, str]:
+    (row,) = [r for r in flows.kubectl_table(node, "alice", "gpumounts", "-o", "wide")
+              if r["NAME"] == pod]  # fmt: skip
+    return row
+
+
+def _live_pins(node: Node, pod: str) -> list[str]:
+    return [p["metadata"]["name"] for p in flows.pins(node, pod)
+            if not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+
+
+def test_an_idle_notebook_is_suspended_its_gpu_lent_and_its_next_cell_resumes_it(
+    node: Node, standin_driver: flows.Release, notebook_image: str
+) -> None:
+    release = standin_driver
+    activity = release.gpus.nvml_dir / NVML_ACTIVITY
+    nvml.write_activity(activity, [FakeActivity(GPU0, gpu=60, memory=20)])  # busy, set-up
+    annotations = {"hotmount.io/idle-policy": "suspend"}
+    try:
+        with notebook_pod(
+            node, release, notebook_image, kernel=True, annotations=annotations
+        ) as notebook:
+            kernel = Kernel(node, notebook)
+            said = kernel.run("%load_ext cli.notebook")
+            said += kernel.run("%gpu attach 0 --idle 10s")
+            assert f"attached GPU 0 ({GPU0}) to default/{notebook} (main)" in said, said
+            said = kernel.run(START)
+            assert "READY" in said and "Traceback" not in said, said
+            [pid] = _host_pids(node, notebook, "cuda_process")
+            _nvml_shows(release, (pid,))
+            [pin] = _live_pins(node, notebook)
+
+            nvml.write_activity(activity, [])  # the notebook's user went for lunch
+            flows.wait_for(
+                "GPUSuspended",
+                lambda: flows.events(node, notebook, "GPUSuspended"),
+                90,
+                every=1,
+            )
+
+            [soon] = flows.events(node, notebook, "GPUIdleSoon")
+            [suspended] = flows.events(node, notebook, "GPUSuspended")
+            assert soon["type"] == "Warning", soon
+            assert soon["firstTimestamp"] <= suspended["firstTimestamp"], (soon, suspended)
+            assert "1 processes kept, 512 MiB of GPU memory in host memory" in str(
+                suspended["message"]
+            ), suspended
+            row = _gpumount(node, notebook)
+            assert row["GPUS"] == f"0 ({GPU0.removeprefix('GPU-')[:8]}) suspended", row
+            assert row["STATE"] == "suspended", row
+            status = node.kubectl("exec", notebook, "--", "cat", STATUS).stdout
+            assert status.strip() == "checkpointed - pattern=ok", status
+            assert flows.device_state(node, notebook) == ABSENT
+            assert _live_pins(node, notebook) == [], pin
+
+            other = flows.new_name("borrower")
+            with flows.running_pod(node, flows.quick_pod_manifest(other)):
+                flows.nvcli_ok(node, "alice", "mount", "--name", other, "--mount", "0")
+                assert flows.device_state(node, other) == GRANTED
+                [lent] = _live_pins(node, other)
+                assert flows.given_to(node, lent) == (GPU0,)
+                flows.nvcli_ok(node, "alice", "unmount", "--name", other, "--all")
+
+            # the cell's own GPU work: its resumed GPU stays busy while it is looked at
+            nvml.write_activity(activity, [FakeActivity(g.uuid, gpu=60) for g in NVML_GPUS])
+            said = kernel.run(NEXT)
+
+            assert "%gpu: resumed" in said and "1 processes restored" in said, said
+            assert "state 42 4.0" in said, said
+            found = re.search(r"running /dev/nvidia(\d) pattern=ok", said)
+            assert found, said
+            onto = int(found.group(1))
+            assert (onto == 0) == (f"onto {NVML_GPUS[1].uuid}" not in said), said
+            assert flows.device_state(node, notebook, onto) == GRANTED
+            assert flows.events(node, notebook, "GPUResumed")
+            assert _gpumount(node, notebook)["STATE"] == "mounted"
+    finally:
+        activity.unlink(missing_ok=True)
+        _nvml_shows(release, ())
