@@ -73,13 +73,13 @@ context ~3). One module per command left start-up as it was: now / before p50 wa
 3.2x (issue 32) was not re-measured: the tier's lock was held by other runs.
 
 Then (issue 32 item 6 again) a plain status line is answered without typer and click
-(cli/statusline.py), and the kubeconfig read without PyYAML (cli/plainyaml.py). On the
-real node (`--kubectl --before 5828744`, 20 rounds interleaved, load 5.8 from other
-work): status 164 ms p50 against kubectl 119 ms, 1.37x wall, 1.72x CPU (118 / 69 ms);
-before 262 ms, 2.19x wall, 2.83x CPU. A second run (30 rounds, load 4.8): 255 / 186 ms,
-1.37x wall, 1.96x CPU (149 / 76 ms); before 2.25x, 2.69x. Against the fake API server
-(`--before 5828744`, 15 rounds, load 5.4), now / before: status 0.66x wall, 0.55x CPU;
-`--help` 0.97x CPU, `version` 0.99x CPU. Left: site (the editable-install hook),
+(cli/statusline.py). On the real node (`--kubectl --before 5828744`, 20 rounds
+interleaved, load 2.2-3.5 from other work): status 111 ms p50 against kubectl 69 ms,
+1.61x wall, 1.72x CPU (94 / 55 ms); before 147 ms, 2.12x wall, 2.28x CPU. (With a reader of
+kubectl's YAML without PyYAML an earlier run gave 1.37x; it was dropped: ~10 ms is not worth a
+hand-written YAML parser.) Against the fake API server (`--before 5828744`, 15 rounds,
+load 5.4, with that reader): status 0.66x wall, 0.55x CPU; `--help` 0.97x CPU,
+`version` 0.99x CPU. Left: site (the editable-install hook), PyYAML,
 http.client with its email parser, ssl, dataclasses with inspect, logging.
 """
 
