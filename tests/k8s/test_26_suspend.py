@@ -11,7 +11,8 @@ suspends (`GPUSuspended`: the process checkpointed, the GPU unmounted, its pin
 deleted), and `kubectl get gpumounts` shows the mount suspended. Another pod then gets
 that GPU mounted by name (the kubelet gives its pin that GPU: the books freed it),
 opens it, and lets it go. The notebook's next cell resumes first (the `pre_run_cell`
-hook) and finds its variables and the process's pattern intact on a GPU again.
+hook) and finds its variables and the process's pattern intact on a GPU again, and
+that GPU pinned again (the kubelet gives the new pin the resumed GPU).
 
 The agent has the stand-in driver as a node has its own: the driver root
 (tests/fakes/driver: libcuda.so.1 with the checkpoint calls) in a host directory it
@@ -179,6 +180,10 @@ def test_an_idle_notebook_is_suspended_its_gpu_lent_and_its_next_cell_resumes_it
             assert flows.device_state(node, notebook, onto) == GRANTED
             assert flows.events(node, notebook, "GPUResumed")
             assert _gpumount(node, notebook)["STATE"] == "mounted"
+            # the resumed GPU is in the books again: a pin the kubelet gave that GPU
+            [repinned] = _live_pins(node, notebook)
+            [resumed_gpu] = [g.uuid for g in NVML_GPUS if g.minor == onto]
+            assert flows.given_to(node, repinned) == (resumed_gpu,)
     finally:
         activity.unlink(missing_ok=True)
         _nvml_shows(release, ())
