@@ -161,6 +161,31 @@ def test_nvml_pids_reports_compute_and_graphics_processes(lib_dir: Path, config:
     ]
 
 
+def test_a_session_opened_earlier_sees_the_processes_of_now(lib_dir: Path, config: Path) -> None:
+    """A real driver's process lists are live in a session opened before the process
+    started (the agent keeps one, hotmount/activity.py): the fake reads them again at
+    each query, the config replaced by a rename as the tier's flows replace it."""
+    later = (FakeGpu(NVML_GPUS[0].uuid, NVML_GPUS[0].bus_id, NVML_GPUS[0].minor, (777,)),
+             *NVML_GPUS[1:])  # fmt: skip
+    replacement = fake_nvml.write_config(config.with_name("next.conf"), later)
+    code = (
+        "import os, sys, pynvml\n"
+        "pynvml.nvmlInit()\n"
+        "h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+        "before = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]\n"
+        "os.replace(sys.argv[1], sys.argv[2])\n"
+        "after = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]\n"
+        "print(before, after, pynvml.nvmlDeviceGetUUID(h))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(replacement), str(config)],
+        capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
+        env=fake_nvml.env(lib_dir, config),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split(maxsplit=2) == ["[4242,", "4343]", f"[777] {NVML_GPUS[0].uuid}\n"]
+
+
 def test_nvml_pids_is_empty_where_nvml_fails(lib_dir: Path, config: Path) -> None:
     uuid = NVML_GPUS[0].uuid
     env = fake_nvml.env(lib_dir, config, init_error=fake_nvml.NVML_ERROR_DRIVER_NOT_LOADED)

@@ -6,7 +6,10 @@
  *
  *     GPU-<uuid> <domain:bus:device.function> minor=<n> [pids=1,2] [graphics=3,4]
  *
- * `pids` are compute processes, `graphics` graphics ones. $FAKE_NVML_INIT_ERROR=<code>
+ * `pids` are compute processes, `graphics` graphics ones: read again from the file at each
+ * process query, as a real driver's lists are live in a session opened before the process
+ * started (the agent keeps one open, hotmount/activity.py); the GPUs themselves are read
+ * at nvmlInit. $FAKE_NVML_INIT_ERROR=<code>
  * makes nvmlInit fail with that NVML_ERROR_* code (9: NVML_ERROR_DRIVER_NOT_LOADED).
  *
  * MIG: a GPU line may add `mig=on` or `mig=off` (MIG-capable, mode enabled or not; without
@@ -255,6 +258,39 @@ static int checkpointed(unsigned int pid) {
     return access(path, F_OK) == 0;
 }
 
+/* The process lists of the config file as it is now (a test replaces it by a rename),
+ * into the GPUs of the same UUID; the GPUs and their handles stay those nvmlInit read. */
+static void reread_processes(void) {
+    const char *path = getenv("FAKE_NVML_CONFIG");
+    FILE *f = path ? fopen(path, "r") : NULL;
+    char line[1024];
+    if (!f)
+        return;
+    while (fgets(line, sizeof line, f)) {
+        char *save, *tok = strtok_r(line, " \t\r\n", &save);
+        if (!tok || tok[0] == '#' || !strncmp(tok, "MIG-", 4))
+            continue;
+        struct nvmlDevice_st *g = NULL;
+        for (unsigned int i = 0; i < ngpus && !g; i++)
+            if (!strcmp(gpus[i].uuid, tok))
+                g = &gpus[i];
+        if (!g)
+            continue;
+        unsigned int compute[MAX_PIDS], graphics[MAX_PIDS], ncompute = 0, ngraphics = 0;
+        while ((tok = strtok_r(NULL, " \t\r\n", &save))) {
+            if (!strncmp(tok, "pids=", 5))
+                ncompute = parse_pids(tok + 5, compute);
+            else if (!strncmp(tok, "graphics=", 9))
+                ngraphics = parse_pids(tok + 9, graphics);
+        }
+        memcpy(g->compute, compute, ncompute * sizeof *compute);
+        g->ncompute = ncompute;
+        memcpy(g->graphics, graphics, ngraphics * sizeof *graphics);
+        g->ngraphics = ngraphics;
+    }
+    fclose(f);
+}
+
 /* The size dance: too small an array (or count 0 and NULL) -> INSUFFICIENT_SIZE and the count. */
 static nvmlReturn_t processes(const unsigned int *all, unsigned int total, unsigned int *infoCount,
                               nvmlProcessInfo_t *infos) {
@@ -288,6 +324,7 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
         return NVML_ERROR_UNINITIALIZED;
     if (!valid(device))
         return NVML_ERROR_INVALID_ARGUMENT;
+    reread_processes();
     return processes(device->compute, device->ncompute, infoCount, infos);
 }
 
@@ -297,6 +334,7 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsig
         return NVML_ERROR_UNINITIALIZED;
     if (!valid(device))
         return NVML_ERROR_INVALID_ARGUMENT;
+    reread_processes();
     return processes(device->graphics, device->ngraphics, infoCount, infos);
 }
 
