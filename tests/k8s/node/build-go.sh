@@ -27,7 +27,7 @@ build_tools() {
     local start; start=$(date +%s)
     echo "build: ${missing[*]}" >&2
     rm -rf "$bin.tmp" && mkdir -p "$bin.tmp" "$bin"
-    (cd "$dir" && go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$bin.tmp/" "${missing[@]}") >&2
+    (cd "$dir" && go build -trimpath -tags "$tags" -ldflags "-s -w ${EXTRA_LDFLAGS:-}" -o "$bin.tmp/" "${missing[@]}") >&2
     for pkg in "${missing[@]}"; do mv "$bin.tmp/$(basename "$pkg")" "$bin/"; done
     rmdir "$bin.tmp"
     echo "build: done in $(( $(date +%s) - start )) s" >&2
@@ -49,6 +49,13 @@ fi
 
 containerd_version="$(module_version "$here/containerd" github.com/containerd/containerd/v2)"
 containerd="$cache/containerd-${containerd_version#v}/bin"
+# The release's version stamped as containerd's Makefile stamps it (version.Version;
+# the module's source says "2.2.9+unknown"), which the kubelet reports as the runtime's
+# (flow 21). A cache built without it is built again.
+if [ -x "$containerd/containerd" ] && "$containerd/containerd" --version | grep -q '+unknown'; then
+    rm -f "$containerd/containerd" "$containerd/containerd-shim-runc-v2" "$containerd/ctr"
+fi
+EXTRA_LDFLAGS="-X github.com/containerd/containerd/v2/version.Version=${containerd_version#v}" \
 build_tools "$here/containerd" "$containerd" no_btrfs \
     github.com/containerd/containerd/v2/cmd/containerd \
     github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
