@@ -11,8 +11,9 @@ lower links; the rule reads only those two links, whatever the kind
 
 from __future__ import annotations
 
-import secrets
+import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,21 +28,33 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture
 def netns() -> Iterator[tuple[str, Run]]:
-    name = f"hm{secrets.token_hex(4)}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-
-    def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            ["ip", "-n", name, *args], capture_output=True, text=True, check=False
-        )
-        if check and done.returncode != 0:
-            raise AssertionError(f"ip {' '.join(args)}: {done.stderr}")
-        return done
-
+    """A throwaway network namespace, held by a sleeping process: (its file, `ip` in it).
+    Never `ip netns add`: that bind-mounts /run/netns over itself, which hides the netns
+    files a node's CNI made there, and its kubelet can then delete no pod (EBUSY)."""
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
+    path = f"/proc/{holder.pid}/ns/net"
+    own = os.readlink("/proc/self/ns/net")
     try:
-        yield name, ip
+        for _ in range(500):  # until unshare(2) has run: the file names another namespace
+            if os.readlink(path) != own:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("unshare --net did not make a network namespace")
+
+        def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+            done = subprocess.run(
+                ["nsenter", f"--net={path}", "ip", *args],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if check and done.returncode != 0:
+                raise AssertionError(f"ip {' '.join(args)}: {done.stderr}")
+            return done
+
+        yield path, ip
     finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
+        holder.kill()
+        holder.wait()
 
 
 def pair(ip: Run, a: str, b: str) -> None:
@@ -51,11 +64,11 @@ def pair(ip: Run, a: str, b: str) -> None:
     ip("link", "set", b, "up")
 
 
-def as_host(tmp_path: Path, netns_name: str) -> Netdevs:
+def as_host(tmp_path: Path, netns_file: str) -> Netdevs:
     """Netdevs whose "host" namespace is the throwaway one, everything allowed."""
     root = tmp_path / "host"
     (root / "proc" / "1" / "ns").mkdir(parents=True)
-    (root / "proc" / "1" / "ns" / "net").symlink_to(f"/run/netns/{netns_name}")
+    (root / "proc" / "1" / "ns" / "net").symlink_to(netns_file)
     return Netdevs(HostRoot(root), tmp_path / "state", ("*",))
 
 
