@@ -10,14 +10,14 @@ the pod, so that who may not suspend a pod may not watch its suspension either."
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Request
 
 from agent.aggregated.objects import PREFIX, VERSION, kube_object
 from agent.deps import Authz, Caller, Gate, Suspending
 from agent.routes.forwarding import local_or_forward
-from agent.routes.pods import ContainerQuery, Namespace, PodName
+from agent.routes.pods import PROGRESS_VERBS, ContainerQuery, Namespace, PodName
 from agent.schemas import ResumeRequest, SuspendRequest
 
 router = APIRouter(prefix=PREFIX, tags=["aggregated"])
@@ -68,41 +68,26 @@ def resume_gpumount(
     return local_or_forward(resume, request, caller, gateway, sent)
 
 
-@router.get(f"{GPUMOUNT}/suspend")
-def suspend_progress(
-    namespace: Namespace,
-    pod: PodName,
-    request: Request,
-    caller: Caller,
-    authz: Authz,
-    suspending: Suspending,
-    gateway: Gate,
-    container: ContainerQuery = None,
-) -> Any:
-    authz.require(caller, "delete", namespace, pod)
+def _progress_route(op: Literal["suspend", "resume"]) -> None:
+    @router.get(f"{GPUMOUNT}/{op}", name=f"{op}_gpumount_progress")
+    def progress(
+        namespace: Namespace,
+        pod: PodName,
+        request: Request,
+        caller: Caller,
+        authz: Authz,
+        suspending: Suspending,
+        gateway: Gate,
+        container: ContainerQuery = None,
+    ) -> Any:
+        authz.require(caller, PROGRESS_VERBS[op], namespace, pod)
 
-    def look() -> dict[str, Any]:
-        found = suspending.progress(namespace, pod, "suspend", container)
-        return kube_object("GPUMount", pod, found, namespace)
+        def look() -> dict[str, Any]:
+            found = suspending.progress(namespace, pod, op, container)
+            return kube_object("GPUMount", pod, found, namespace)
 
-    return local_or_forward(look, request, caller, gateway)
+        return local_or_forward(look, request, caller, gateway)
 
 
-@router.get(f"{GPUMOUNT}/resume")
-def resume_progress(
-    namespace: Namespace,
-    pod: PodName,
-    request: Request,
-    caller: Caller,
-    authz: Authz,
-    suspending: Suspending,
-    gateway: Gate,
-    container: ContainerQuery = None,
-) -> Any:
-    authz.require(caller, "create", namespace, pod)
-
-    def look() -> dict[str, Any]:
-        found = suspending.progress(namespace, pod, "resume", container)
-        return kube_object("GPUMount", pod, found, namespace)
-
-    return local_or_forward(look, request, caller, gateway)
+_progress_route("suspend")
+_progress_route("resume")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Path, Query, Request
 
@@ -148,41 +148,33 @@ def resume(
     )
 
 
-@router.get("/namespaces/{namespace}/pods/{pod}/suspend")
-def suspend_progress(
-    namespace: Namespace,
-    pod: PodName,
-    request: Request,
-    caller: Caller,
-    authz: Authz,
-    suspending: Suspending,
-    gateway: Gate,
-    container: ContainerQuery = None,
-) -> OperationProgress | Any:
-    """The suspend running on the pod, for a caller to poll while its POST runs; the
-    same verb as the suspend (`delete`): who may not suspend a pod may not watch one."""
-    authz.require(caller, "delete", namespace, pod)
-    return local_or_forward(
-        lambda: suspending.progress(namespace, pod, "suspend", container), request, caller, gateway
-    )
+# A suspend's or a resume's progress is the POST's to see: the POST's own verb on the pod
+# (`delete` to suspend, `create` to resume), so who may not suspend a pod may not watch it.
+PROGRESS_VERBS = {"suspend": "delete", "resume": "create"}
 
 
-@router.get("/namespaces/{namespace}/pods/{pod}/resume")
-def resume_progress(
-    namespace: Namespace,
-    pod: PodName,
-    request: Request,
-    caller: Caller,
-    authz: Authz,
-    suspending: Suspending,
-    gateway: Gate,
-    container: ContainerQuery = None,
-) -> OperationProgress | Any:
-    """The resume running on the pod; the resume's verb (`create`)."""
-    authz.require(caller, "create", namespace, pod)
-    return local_or_forward(
-        lambda: suspending.progress(namespace, pod, "resume", container), request, caller, gateway
-    )
+def _progress_route(op: Literal["suspend", "resume"]) -> None:
+    @router.get(f"/namespaces/{{namespace}}/pods/{{pod}}/{op}", name=f"{op}_progress")
+    def progress(
+        namespace: Namespace,
+        pod: PodName,
+        request: Request,
+        caller: Caller,
+        authz: Authz,
+        suspending: Suspending,
+        gateway: Gate,
+        container: ContainerQuery = None,
+    ) -> OperationProgress | Any:
+        """The suspend or resume running on the pod, for a caller to poll while its POST
+        runs."""
+        authz.require(caller, PROGRESS_VERBS[op], namespace, pod)
+        return local_or_forward(
+            lambda: suspending.progress(namespace, pod, op, container), request, caller, gateway
+        )
+
+
+_progress_route("suspend")
+_progress_route("resume")
 
 
 @router.post("/reassign")
