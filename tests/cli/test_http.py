@@ -22,6 +22,7 @@ from cli.proxy import Proxy, environment_proxy
 from tests.fakes.pki import CertificateAuthority, CertPaths
 from tests.support.http_proxy import RecordingProxy
 from tests.support.http_recorder import RecordingServer, Reply, Seen
+from tests.support.ports import free_port
 
 TOKEN = "Bearer s3cret-token"
 
@@ -73,12 +74,6 @@ def wait_until_closed_by_peer(local_port: int) -> None:
                 return
         time.sleep(0.01)
     pytest.fail(f"the server never closed the connection from port {local_port}")
-
-
-def unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # -- connections ---------------------------------------------------------------------------
@@ -183,7 +178,7 @@ def test_a_server_that_never_completes_the_tls_handshake_is_http_timeout(
 
 
 def test_connection_refused_is_http_error_not_timeout() -> None:
-    url = f"http://127.0.0.1:{unused_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with HttpClient(url, timeout=5) as client, pytest.raises(HttpError) as info:
         client.request("GET", "/version")
     assert not isinstance(info.value, HttpTimeout)
@@ -391,7 +386,7 @@ def test_plain_http_through_a_proxy_asks_for_the_absolute_url() -> None:
 
 def test_a_proxy_that_refuses_the_tunnel_is_http_error(server_cert: CertPaths) -> None:
     with RecordingProxy() as proxy:
-        url = f"https://127.0.0.1:{unused_port()}"
+        url = f"https://127.0.0.1:{free_port()}"
         context = tls_context(str(server_cert.ca))
         with (
             HttpClient(url, context=context, proxy=proxy.url) as client,
@@ -450,7 +445,7 @@ def test_the_environment_proxy_is_not_used_for_loopback(monkeypatch: pytest.Monk
 def test_an_explicit_proxy_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     resolve = {"api.example.test": "127.0.0.1"}
     with RecordingServer(ok) as origin, RecordingProxy(hosts=resolve) as chosen:
-        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{unused_port()}")  # nothing there
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")  # nothing there
         with HttpClient(f"http://api.example.test:{origin.port}", proxy=chosen.url) as client:
             assert client.request("GET", "/x").is_success
     assert [r.request_line for r in chosen.requests] == [
@@ -632,7 +627,7 @@ def test_messages_name_the_url_asked_for_once(
     info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert info, http_log()
     assert info[0].startswith(f"GET {server.url}{prefix}/apis/x 200"), info
-    refused = f"http://127.0.0.1:{unused_port()}"
+    refused = f"http://127.0.0.1:{free_port()}"
     with HttpClient(f"{refused}{prefix}") as client, pytest.raises(HttpError) as error:
         client.request("GET", "/apis/x")
     assert f"GET {refused}{prefix}/apis/x:" in str(error.value)
@@ -683,7 +678,7 @@ def test_an_ipv6_server_through_a_proxy(server_cert: CertPaths) -> None:
     """Python 3.11's http.client leaves the brackets out of CONNECT: refused, clearly;
     from 3.12 the proxy is asked for `[addr]:port`."""
     with RecordingProxy() as proxy:
-        url = f"https://[::1]:{unused_port()}"
+        url = f"https://[::1]:{free_port()}"
         context = tls_context(str(server_cert.ca))
         with (
             HttpClient(url, context=context, proxy=proxy.url) as c,

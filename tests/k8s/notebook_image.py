@@ -13,12 +13,14 @@ them. It also carries the stand-in CUDA process (tests/fakes/driver/cuda_process
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 from tests.fakes import driver
@@ -31,8 +33,19 @@ SITE_PACKAGES = "/opt/gpu-hotmount/lib/python3.11/site-packages"
 PACKAGES = "python3-ipython"
 
 
+def cached_base() -> Path:
+    """The Debian rootfs tarball with IPython, built once and cached: what
+    tests/k8s/node/prebuild.sh builds ahead of the tier. One build at a time (a lock in
+    the cache): a second caller waits, then finds it built."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / ".notebook-base.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with tempfile.TemporaryDirectory(dir=CACHE, prefix=".notebook-base-") as work:
+            return _base(Path(work))
+
+
 def _base(work: Path) -> Path:
-    """The Debian rootfs tarball with IPython, built once and cached."""
+    """The Debian rootfs tarball with IPython, built once and cached (in `work` first)."""
     args = [
         "--variant=minbase",
         f"--include={PACKAGES}",
@@ -77,7 +90,7 @@ def build_notebook_image(agent_archive: Path, directory: Path) -> Path:
     root = work / "rootfs"
     root.mkdir(parents=True)
     subprocess.run(
-        ["tar", "-C", str(root), "--numeric-owner", "-xpf", str(_base(work))], check=True
+        ["tar", "-C", str(root), "--numeric-owner", "-xpf", str(cached_base())], check=True
     )
     layer = _agent_layer(agent_archive, work)
     subprocess.run(

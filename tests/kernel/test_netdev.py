@@ -264,7 +264,7 @@ def test_the_nodes_own_default_route_interface_is_primary(cdi_dir: Path, state_d
     [
         (("*",), "primary", NetdevRefused, "primary"),
         (("hm*",), "addressed", NetdevRefused, "address 10.79.0.1/24"),
-        (("hm*",), "routed", NetdevRefused, "route 10.79.0.0/16 in table 4242"),
+        (("hm*",), "routed", NetdevRefused, f"route 10.79.0.0/16 in table {SPARE_TABLE}"),
         (("*",), "lo", NetdevRefused, "primary"),
         (("other*",), "veth", NetdevRefused, "allow-list"),
         ((), "veth", NetdevRefused, "off on this node"),

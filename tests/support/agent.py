@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.ports import free_port
 from tests.support.runc import RuncContainer
 
 
@@ -49,12 +49,6 @@ def write_driver_tree(directory: Path) -> Path:
             f"Bus Location: \t {gpu.bus_id}\nDevice Minor: \t {gpu.minor}\n"
         )
     return directory
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class AgentProcess:
@@ -107,7 +101,10 @@ class AgentProcess:
         )
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + 30
+        """Until /healthz answers 200; an agent that exits fails at once. The deadline is
+        for a hung start only: on two loaded cores (parallel workers beside the tier's
+        builds) a healthy start has taken over 30 s."""
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the agent exited: {self.log.read_text()[-3000:]}")

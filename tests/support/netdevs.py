@@ -5,11 +5,14 @@ not make."""
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import subprocess
 from collections.abc import Iterator
 
-SPARE_TABLE = "4242"
+# A routing table of this worker's own: two pytest-xdist workers adding a default route to
+# one table at once would collide (RTNETLINK: File exists).
+SPARE_TABLE = str(4242 + int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0))
 
 
 def ip(*args: str, pid: int | None = None) -> subprocess.CompletedProcess[str]:

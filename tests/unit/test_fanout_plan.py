@@ -11,6 +11,7 @@ import pytest
 
 from agent.fanout import WARNINGS_SHOWN, MissingNode, error_reason, missing_warnings, plan
 from agent.kube.peers import Peer
+from tests.support.ports import free_port
 
 
 def peer(node: str, ip: str | None = "10.0.0.1", phase: str = "Running", pod: str = "") -> Peer:
@@ -53,15 +54,9 @@ def test_a_node_without_gpus_or_agent_is_not_missing() -> None:
     assert plan([], gpu_nodes=[], here="here") == ([], [])
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_refused_connection_is_refused() -> None:
     with pytest.raises(httpx.HTTPError) as err:
-        httpx.get(f"http://127.0.0.1:{closed_port()}/", timeout=5)
+        httpx.get(f"http://127.0.0.1:{free_port()}/", timeout=5)
     assert error_reason(err.value) == "Refused"
 
 

@@ -10,6 +10,8 @@ if [ -x /usr/local/go/bin/go ]; then export PATH="/usr/local/go/bin:$PATH"; fi
 here="$(cd "$(dirname "$0")/dra-driver" && pwd)"
 cache="${HOTMOUNT_K8S_CACHE:-/var/cache/gpu-hotmount}"
 export GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOFLAGS=-mod=readonly GOTOOLCHAIN=local
+# One Go build at a time in this cache (see build-go.sh); the caller of build-go.sh holds it.
+mkdir -p "$cache"; exec 8>"$cache/.go-build.lock"; flock 8
 module=sigs.k8s.io/dra-example-driver
 version="$(sed -n "s#^\s*\(require \)\?$module \(v[0-9.]*\).*#\2#p" "$here/go.mod" | head -1)"
 bin="$cache/dra-example-driver-${version#v}/bin"

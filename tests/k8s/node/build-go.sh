@@ -14,6 +14,9 @@ if [ -x /usr/local/go/bin/go ]; then export PATH="/usr/local/go/bin:$PATH"; fi
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${HOTMOUNT_K8S_CACHE:-/var/cache/gpu-hotmount}"
 export GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOFLAGS=-mod=readonly GOTOOLCHAIN=local
+# One Go build at a time in this cache (scripts/test.sh starts the tier's builds in the
+# background, tests/k8s/node/prebuild.sh): a second caller waits, then finds them built.
+mkdir -p "$cache"; exec 8>"$cache/.go-build.lock"; flock 8
 
 # module_version DIR MODULE: the version DIR/go.mod requires of MODULE
 module_version() { sed -n "s#^\s*\(require \)\?$2 \(v[0-9.]*\).*#\2#p" "$1/go.mod" | head -1; }

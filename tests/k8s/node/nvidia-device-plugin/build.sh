@@ -12,6 +12,8 @@ cd "$(dirname "$0")"
 version="$(sed -n 's#^\s*\(require \)\?github.com/NVIDIA/k8s-device-plugin \(v[0-9.]*\).*#\2#p' go.mod | head -1)"
 cache="${HOTMOUNT_K8S_CACHE:-/var/cache/gpu-hotmount}"
 bin="$cache/nvidia-device-plugin-${version#v}/bin"
+# One Go build at a time in this cache (see build-go.sh); the caller of build-go.sh holds it.
+mkdir -p "$cache"; exec 8>"$cache/.go-build.lock"; flock 8
 if [ -x "$bin/nvidia-device-plugin" ]; then echo "$bin"; exit 0; fi
 
 export GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOFLAGS=-mod=readonly GOTOOLCHAIN=local
