@@ -9,20 +9,23 @@ so the thread and the container can go).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from hotmount import forked
 from hotmount.engine import Engine, EngineConfig
-from hotmount.errors import ChildTimeout, DeviceBusy, HotmountError
+from hotmount.errors import ChildTimeout, DeviceBusy, HotmountError, UnsafePath
+from hotmount.results import MountResult, ReconcileReport, UnmountResult
 from tests.fakes import driver as stand_in
-from tests.kernel.conftest import GPU1
+from tests.kernel.conftest import GPU1, NIC0, NIC1
 from tests.kernel.test_driver_files import GPU, _cdi_spec, _rootfs
 from tests.support.hung_fuse import HungFuse, hold_file
 from tests.support.runc import RuncContainer
@@ -115,6 +118,85 @@ def test_a_nodev_hung_mount_is_skipped_and_real_holders_are_still_named(
     finally:
         fuse.close()
         _end(file_holder, gpu_holder)
+
+
+class Swap(NamedTuple):
+    before: str | None  # a tenant's command before the hung filesystem is mounted
+    target: str  # where it is mounted in the container
+    after: str | None  # a tenant's command after that
+    refused: str  # the path the refusal names
+
+
+# Where the tenant puts its hung filesystem in the path of a node in /dev/infiniband: a
+# symlink to it (rm -rf /dev/infiniband; ln -s /mnt/nfs/x /dev/infiniband: no privilege
+# needed), or a volume mounted there, over /dev itself, or at a node's own path (a pod
+# spec's volumeMounts).
+SWAPS = {
+    "symlink": Swap(
+        None, "/mnt/hung", "rm -rf /dev/infiniband && ln -s /mnt/hung /dev/infiniband",
+        "/dev/infiniband",
+    ),
+    "volume-at-subdir": Swap(None, "/dev/infiniband", None, "/dev/infiniband"),
+    "volume-at-dev": Swap(None, "/dev", None, "/dev"),
+    "volume-at-node": Swap(
+        "rm /dev/infiniband/uverbs0", "/dev/infiniband/uverbs0", None, "/dev/infiniband/uverbs0"
+    ),
+}  # fmt: skip
+# The setns fallback refuses the same below /dev; a hung /dev itself costs it a
+# deadline instead (its child is killed: test_a_hung_setns_child_is_killed_...).
+CASES = [
+    pytest.param(method, swap, id=f"{method}-{swap}")
+    for method in ("openat2", "setns")
+    for swap in sorted(SWAPS)
+    if (method, swap) != ("setns", "volume-at-dev")
+]
+
+
+@pytest.mark.parametrize(("method", "swap"), CASES)
+def test_a_node_path_on_a_hung_filesystem_is_refused_not_entered(
+    subdir_engine: Engine, container: RuncContainer, fuse: HungFuse, method: str, swap: str
+) -> None:
+    """Issue 40: node work runs in the agent's own process (no fork per node), so it may
+    not enter the tenant's filesystem at all: below the container's /dev nothing is
+    followed through a symlink or into another mount, and a /dev that is not a local
+    filesystem is refused. Reconcile names the container and goes on, a mount of a
+    device whose node lives there is refused (one elsewhere in that directory is made),
+    an unmount leaves that node and finishes; each promptly (bounded here by two
+    --fs-deadlines, though nothing on this path forks)."""
+    engine = Engine(dataclasses.replace(subdir_engine.config, node_method=method))
+    tenant = SWAPS[swap]
+    engine.mount(container.id, [NIC0])
+    if tenant.before is not None:
+        container.exec("sh", "-c", tenant.before)
+    fuse.mount_in(container.pid, tenant.target)
+    if tenant.after is not None:
+        container.exec("sh", "-c", tenant.after)
+    bound = 2 * forked.DEFAULT_DEADLINE
+    try:
+        fuse.hang()
+
+        report = _bounded(engine.reconcile, bound)
+        assert isinstance(report, ReconcileReport), report
+        assert tenant.refused in report.errors[container.id], report.errors
+        assert report.recreated == 0
+
+        other = _bounded(lambda: engine.mount(container.id, [NIC1]), bound)
+        if tenant.refused == "/dev/infiniband/uverbs0":  # NIC1's node is beside it
+            assert isinstance(other, MountResult), other
+        else:
+            assert isinstance(other, UnsafePath), other
+            assert tenant.refused in other.message
+            assert NIC1 not in engine.ledger.load(container.id).devices
+            assert NIC1 not in {c.device for c in engine.ledger.claims()}
+
+        gone = _bounded(lambda: engine.unmount(container.id, [NIC0]), bound)
+        assert isinstance(gone, UnmountResult), gone
+        assert gone.unmounted == [NIC0] and gone.removed_nodes == []  # left where it is
+        record = engine.ledger.load(container.id)
+        assert record is None or NIC0 not in record.devices
+        assert fuse.pending == 0, "the agent asked the tenant's filesystem something"
+    finally:
+        fuse.close()
 
 
 def test_a_hung_setns_child_is_killed_and_keeps_no_other_calls_pipe_or_lock(
