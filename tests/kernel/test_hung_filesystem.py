@@ -26,7 +26,7 @@ from hotmount.errors import ChildTimeout, DeviceBusy, HotmountError, UnsafePath
 from hotmount.results import MountResult, ReconcileReport, UnmountResult
 from tests.fakes import driver as stand_in
 from tests.kernel.conftest import GPU1, NIC0, NIC1
-from tests.kernel.test_driver_files import GPU, _cdi_spec, _rootfs
+from tests.kernel.test_driver_files import GPU, LIB, _cdi_spec, _rootfs
 from tests.support.hung_fuse import HungFuse, hold_file
 from tests.support.runc import RuncContainer
 
@@ -260,12 +260,16 @@ def _wait_until(condition: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.parametrize("how", ["mounted", "symlinked"])
 def test_driver_placement_into_a_hung_library_directory_fails_bounded(
-    tmp_path: Path, mode: str, fuse: HungFuse
+    tmp_path: Path, mode: str, fuse: HungFuse, how: str
 ) -> None:
     """Item 3b: under auto the placer looks for libcuda.so.1 in the container's library
-    directories; one of them is the tenant's hung mount. The mount fails bounded (or,
-    where that directory is not crossed into, goes on), and it never half-happens."""
+    directories; one of them is the tenant's hung mount, or a symlink into one (issue
+    40). Either the mount fails bounded (the placer's looks run in a killable child) and
+    never half-happens, or (RESOLVE_NO_XDEV: no step crosses into another mount, a
+    symlink's target included) it goes on with the driver's files on the container's
+    own root filesystem, and the hung filesystem was asked nothing."""
     driver_root = stand_in.build_root(tmp_path / "driver")
     cdi = tmp_path / "cdi"
     cdi.mkdir()
@@ -278,15 +282,29 @@ def test_driver_placement_into_a_hung_library_directory_fails_bounded(
     )  # fmt: skip
     container = RuncContainer(tmp_path, _rootfs(tmp_path / "image"), mode)
     try:
-        fuse.mount_in(container.pid, "/usr/lib64")
+        if how == "mounted":
+            fuse.mount_in(container.pid, "/usr/lib64")
+        else:
+            fuse.mount_in(container.pid, "/mnt/hung")
+            linked = container.exec("sh", "-c", "mkdir -p /usr && ln -s /mnt/hung /usr/lib64")
+            assert linked.returncode == 0, linked.stderr
         fuse.hang()
         outcome = _bounded(lambda: auto.mount(container.id, [GPU]))
 
+        record = auto.ledger.load(container.id)
         if isinstance(outcome, BaseException):
             assert isinstance(outcome, HotmountError), outcome
-            record = auto.ledger.load(container.id)
             assert record is None or not record.devices
             assert "nvidia0" not in container.ls_dev()
+        else:
+            assert isinstance(outcome, MountResult), outcome
+            assert record is not None and GPU in record.devices
+            assert outcome.driver is not None, "auto found no libcuda: it brings the driver"
+            files = outcome.driver["files"]
+            assert f"{LIB}/libcuda.so.{stand_in.VERSION}" in files, files
+            assert not [f for f in files if f.startswith("/usr/lib64/")], files
+            assert "nvidia0" in container.ls_dev()
+            assert fuse.pending == 0, "the placer asked the hung filesystem something"
     finally:
         fuse.close()
         container.stop()
