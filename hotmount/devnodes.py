@@ -2,18 +2,34 @@
 
 A plain path through `/proc/<pid>/root/...` from the host follows the
 container's absolute symlinks against the *host's* root (a container with
-`/dev/trap -> /` would have us create nodes in the host's `/`). So:
+`/dev/trap -> /` would have us create nodes in the host's `/`). And below its
+`/dev` the tenant may replace a node's directory (`/dev/nvidia-caps`,
+`/dev/infiniband`, `/dev/dri`) with a symlink into a volume, or mount a volume
+there: a volume whose NFS server it stopped blocks whoever looks into it, for ever.
+Node work runs in the agent's own process (no fork per node), so it never looks:
 
-- `Openat2Fs` (kernel 5.6+, no fork): the container root as an O_PATH fd, every
-  directory opened with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`, then
-  `mknodat`/`unlinkat` relative to it.
+- `Openat2Fs` (kernel 5.6+, no fork): the container root as an O_PATH fd, `/dev`
+  opened from it with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)` and refused
+  unless it is the root's own filesystem or a local one (its mount read from procfs,
+  hotmount/mounts.py: asking it could hang). Below `/dev` every step is
+  `openat2(RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS)` from the verified
+  parent's fd, and a missing directory is made with `mkdirat` from that fd: a symlink
+  (ELOOP) or another mount (EXDEV) anywhere below `/dev`, the node's own path included,
+  is refused (`UnsafePath`), never followed nor entered. Then `mknodat`/`unlinkat`
+  relative to the directory's fd.
 - `SetnsFs` (fallback): a forked child enters the mount namespace (setns of a
-  mount namespace is refused in a multi-threaded process) and works there.
+  mount namespace is refused in a multi-threaded process) and works there, bounded
+  by a deadline (hotmount/forked.py), with the same refusals below `/dev` (O_NOFOLLOW
+  and each fd's `mnt_id`, for kernels without openat2).
 
 Modes are set without following the path again: chmod through
 `/proc/self/fd/N` of an O_PATH|O_NOFOLLOW fd after `fstat` proved it is the
 node we made. An existing path that is not the expected character device is
 refused, never overwritten or chmod-ed. Nothing runs from the container image.
+
+`RootDirs` opens directories anywhere in a container's root (symlinks resolved
+inside it) for the driver's files (hotmount/driver/place.py: not across a mount, and
+only in bounded children); never for device nodes.
 """
 
 from __future__ import annotations
@@ -24,18 +40,24 @@ import ctypes.util
 import errno
 import os
 import stat
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
-from hotmount import forked
+from hotmount import forked, mounts
 from hotmount.devices.model import DeviceNode
 from hotmount.errors import ContainerNotFound, KernelError, UnsafePath
 
 SYS_OPENAT2 = 437  # the same on x86_64 and aarch64
+# RESOLVE_* of include/uapi/linux/openat2.h
 RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
 RESOLVE_IN_ROOT = 0x10
+# Below the container's /dev: never through a symlink, never into another mount.
+RESOLVE_BELOW_DEV = RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 CLONE_NEWNS = 0x00020000
 DIR_MODE = 0o755
 
@@ -88,9 +110,15 @@ class _OpenHow(ctypes.Structure):
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+_hows: dict[tuple[int, int], _OpenHow] = {}  # the kernel only reads them: one per kind of open
+
+
 def openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
-    how = _OpenHow(flags=flags, mode=0, resolve=resolve)
-    fd = _libc.syscall(SYS_OPENAT2, dirfd, path.encode(), ctypes.byref(how), ctypes.sizeof(how))
+    how = _hows.get((flags, resolve))
+    if how is None:
+        how = _hows[(flags, resolve)] = _OpenHow(flags=flags, mode=0, resolve=resolve)
+    fd = _libc.syscall(SYS_OPENAT2, dirfd, path.encode(), ctypes.byref(how), _HOW_SIZE)
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
@@ -114,11 +142,95 @@ def openat2_available() -> bool:
     return _openat2_works
 
 
-def _lstat_at(dirfd: int, name: str) -> os.stat_result | None:
+# One entry of a directory already verified to be the container's own, as an O_PATH fd:
+# never through a symlink (a trailing one is opened itself, or ELOOP where a directory is
+# wanted), never into another mount (EXDEV). Two ways: openat2, and a fallback for the
+# setns child on kernels without it.
+Opener = Callable[[int, str, bool], int]
+
+
+def open_below(dirfd: int, name: str, directory: bool) -> int:
+    """By `openat2(RESOLVE_BELOW_DEV)`: the kernel refuses, and enters nothing."""
+    flags = os.O_PATH | os.O_CLOEXEC | (os.O_DIRECTORY if directory else os.O_NOFOLLOW)
+    return openat2(dirfd, name, flags, RESOLVE_BELOW_DEV)
+
+
+def nofollow_opener(fdinfo_dir: int) -> Opener:
+    """The same without openat2: O_PATH|O_NOFOLLOW opens nothing and follows nothing, and
+    the fd's `mnt_id` (its fdinfo, in `fdinfo_dir`) is compared with its parent's before
+    anything asks the entry's filesystem (fstat would, on a mount's root)."""
+
+    def open_nofollow(dirfd: int, name: str, directory: bool) -> int:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+        try:
+            if mounts.mnt_id(str(fd), fdinfo_dir) != mounts.mnt_id(str(dirfd), fdinfo_dir):
+                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), name)
+            if directory:
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISLNK(mode):
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name)
+                if not stat.S_ISDIR(mode):
+                    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), name)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    return open_nofollow
+
+
+def _below_error(path: str, exc: OSError) -> Exception:
+    """A refusal below /dev, named by the path the tenant changed."""
+    if exc.errno == errno.ELOOP:
+        return UnsafePath(
+            f"{path} in the container is a symlink; nothing below /dev is followed "
+            "through one (a node's directory is the tenant's to replace)"
+        )
+    if exc.errno == errno.EXDEV:
+        return UnsafePath(
+            f"{path} in the container is another mount (a volume?); device nodes are "
+            "made only on the container's /dev itself, never inside a mount below it"
+        )
+    if exc.errno == errno.ENOTDIR:
+        return UnsafePath(f"{path} in the container is not a directory")
+    if exc.errno == errno.ENOENT:  # made a moment ago, or looked at: the tenant removed it
+        return UnsafePath(f"{path} in the container vanished meanwhile")
+    if exc.errno == errno.ESRCH:
+        return ContainerNotFound(f"the container exited while {path} was opened")
+    return KernelError(f"opening {path} in the container: {exc.strerror}")
+
+
+def _subdir(open_: Opener, parent_fd: int, name: str, path: str, create: bool) -> int | None:
+    """The directory `name` in the verified directory `parent_fd` (None where absent and
+    not `create`); made by mkdirat from that fd first when asked."""
     try:
-        return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        return open_(parent_fd, name, True)
+    except FileNotFoundError:
+        if not create:
+            return None
+    except OSError as exc:
+        raise _below_error(path, exc) from exc
+    with contextlib.suppress(FileExistsError):  # made meanwhile: the open checks it
+        os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
+    try:
+        return open_(parent_fd, name, True)
+    except OSError as exc:
+        raise _below_error(path, exc) from exc
+
+
+def _lstat_at(open_: Opener, dirfd: int, name: str, path: str) -> os.stat_result | None:
+    """What is at `name` (a symlink itself, not its target); a mount there is refused,
+    never stat-ed (that would ask the mounted filesystem)."""
+    try:
+        fd = open_(dirfd, name, False)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise _below_error(path, exc) from exc
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def _refuse(path: str, st: os.stat_result, node: DeviceNode) -> UnsafePath:
@@ -128,17 +240,20 @@ def _refuse(path: str, st: os.stat_result, node: DeviceNode) -> UnsafePath:
     )
 
 
-def _make_node(dirfd: int, name: str, node: DeviceNode) -> bool:
+def _make_node(open_: Opener, dirfd: int, name: str, node: DeviceNode) -> bool:
     """mknodat + exact mode; False when the expected node was already there."""
     device = os.makedev(node.major, node.minor)
     try:
         os.mknod(name, stat.S_IFCHR | node.file_mode, device, dir_fd=dirfd)
     except FileExistsError:
-        st = _lstat_at(dirfd, name)
+        st = _lstat_at(open_, dirfd, name, node.path)
         if st is not None and classify(st, node) is NodeState.PRESENT:
             return False
         raise _refuse(node.path, st, node) if st else UnsafePath(f"{node.path} vanished") from None
-    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    try:
+        fd = open_(dirfd, name, False)
+    except OSError as exc:
+        raise _below_error(node.path, exc) from exc
     try:
         st = os.fstat(fd)
         if classify(st, node) is not NodeState.PRESENT:
@@ -150,8 +265,8 @@ def _make_node(dirfd: int, name: str, node: DeviceNode) -> bool:
     return True
 
 
-def _remove_node(dirfd: int, name: str, node: DeviceNode) -> bool:
-    st = _lstat_at(dirfd, name)
+def _remove_node(open_: Opener, dirfd: int, name: str, node: DeviceNode) -> bool:
+    st = _lstat_at(open_, dirfd, name, node.path)
     if st is None:
         return False
     if classify(st, node) is not NodeState.PRESENT:
@@ -165,20 +280,28 @@ def _remove_node(dirfd: int, name: str, node: DeviceNode) -> bool:
     return True
 
 
-class Openat2Fs:
-    """The container's filesystem through openat2 from its root fd: no fork, ~10 µs a node."""
+def _open_root(proc_pid_dir: Path | str) -> int:
+    try:
+        return os.open(
+            os.path.join(proc_pid_dir, "root"), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+        )
+    except (FileNotFoundError, ProcessLookupError) as exc:
+        name = os.path.basename(proc_pid_dir)
+        raise ContainerNotFound(f"{name}: the process has exited") from exc
+
+
+class RootDirs:
+    """Directories anywhere in a container's root, each opened by openat2 from the root fd
+    with `_RESOLVE` (symlinks resolve inside the root), `mkdir -p` one level at a time.
+    For placers of other files (hotmount/driver/place.py narrows it to the root's own
+    filesystem and runs every look in a bounded child); never for device nodes, which
+    `Openat2Fs` keeps to /dev and below it follows nothing."""
 
     _RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
 
     def __init__(self, proc_pid_dir: Path | str) -> None:
-        root = os.path.join(proc_pid_dir, "root")
-        try:
-            self.root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except (FileNotFoundError, ProcessLookupError) as exc:
-            name = os.path.basename(proc_pid_dir)
-            raise ContainerNotFound(f"{name}: the process has exited") from exc
-        # Directory fds opened once per operation: every node of a mount is in /dev.
-        self._dirs: dict[str, int] = {}
+        self.root_fd = _open_root(proc_pid_dir)
+        self._dirs: dict[str, int] = {}  # opened once per operation
 
     def close(self) -> None:
         for fd in self._dirs.values():
@@ -191,10 +314,6 @@ class Openat2Fs:
         return list(self._dirs.values())
 
     def directory(self, path: str, create: bool) -> int | None:
-        """`_dir` for other placers of files (hotmount/driver/place.py)."""
-        return self._dir(path, create)
-
-    def _dir(self, path: str, create: bool) -> int | None:
         """An O_PATH fd of a directory resolved inside the container (kept until `close`:
         the caller must not close it); mkdir -p when asked."""
         fd = self._dirs.get(path)
@@ -211,14 +330,14 @@ class Openat2Fs:
         except FileNotFoundError:
             if not create:
                 return None
-            if path in ("/", "/dev"):
-                raise UnsafePath(f"the container has no {path} directory") from None
+            if path == "/":
+                raise UnsafePath("the container has no / directory") from None
         except NotADirectoryError:
             raise UnsafePath(f"{path} in the container is not a directory") from None
         except OSError as exc:
             raise self._error(path, exc) from exc
         parent, name = _split(path)
-        parent_fd = self._dir(parent, create=True)
+        parent_fd = self.directory(parent, create=True)
         assert parent_fd is not None
         with contextlib.suppress(FileExistsError):  # made meanwhile: the open checks it
             os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
@@ -229,25 +348,105 @@ class Openat2Fs:
             return ContainerNotFound(f"the container exited while {path} was opened")
         return KernelError(f"opening {path} in the container: {exc.strerror}")
 
+
+class Openat2Fs:
+    """Device nodes through openat2 from the container's root fd: no fork, a few µs a node.
+
+    `/dev` is opened once, from the root (the runtime's mount, which an unprivileged
+    tenant cannot replace), and refused unless it is the root's own filesystem or a
+    local one; below it nothing is followed through a symlink nor into another mount."""
+
+    def __init__(self, proc_pid_dir: Path | str) -> None:
+        self._mountinfo = os.path.join(proc_pid_dir, "mountinfo")
+        self.root_fd = _open_root(proc_pid_dir)
+        self._dirs: dict[str, int] = {}  # /dev and below, opened once per operation
+        self._dev_refused: UnsafePath | None = None
+
+    def close(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs = {}
+        os.close(self.root_fd)
+
+    def _dir(self, path: str, create: bool) -> int | None:
+        """An O_PATH fd of /dev or a directory below it (kept until `close`)."""
+        fd = self._dirs.get(path)
+        if fd is not None:
+            return fd
+        if path == "/dev":
+            fd = self._dev(create)
+        else:
+            parent, name = _split(path)
+            if not path.startswith("/dev/"):
+                raise UnsafePath(f"{path!r} is not under /dev")
+            parent_fd = self._dir(parent, create)
+            if parent_fd is None:
+                return None
+            fd = _subdir(open_below, parent_fd, name, path, create)
+        if fd is not None:
+            self._dirs[path] = fd
+        return fd
+
+    def _dev(self, create: bool) -> int | None:
+        if self._dev_refused is not None:
+            raise self._dev_refused
+        flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+        try:
+            fd = openat2(self.root_fd, "dev", flags, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+        except FileNotFoundError:
+            if not create:
+                return None
+            raise UnsafePath("the container has no /dev directory") from None
+        except NotADirectoryError:
+            raise UnsafePath("/dev in the container is not a directory") from None
+        except OSError as exc:
+            raise _below_error("/dev", exc) from exc
+        try:
+            refused = self._unless_local(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if refused is not None:
+            os.close(fd)
+            self._dev_refused = refused  # once per operation, not once per node
+            raise refused
+        return fd
+
+    def _unless_local(self, dev_fd: int) -> UnsafePath | None:
+        """A refusal unless /dev is a mount of a local filesystem (the runtime's tmpfs, a
+        host's devtmpfs) or on the root's own mount: a volume there (a pod may mount one
+        at /dev) could hang whoever looks. Read from procfs alone."""
+        own = mounts.mnt_id(f"/proc/self/fdinfo/{dev_fd}")
+        mount = mounts.mount_of(self._mountinfo, own)
+        if mount is not None and mount.fstype in mounts.LOCAL_FILESYSTEMS:
+            return None
+        if own == mounts.mnt_id(f"/proc/self/fdinfo/{self.root_fd}"):
+            return None  # no mount of its own: the root's filesystem, the runtime's choice
+        what = f"a {mount.fstype} mount" if mount is not None else "a mount it does not list"
+        return UnsafePath(
+            f"the container's /dev is {what} (a volume?), not a local filesystem; device "
+            "nodes are made only where looking cannot hang"
+        )
+
     def state(self, node: DeviceNode) -> NodeState:
         parent, name = _split(node.path)
         dirfd = self._dir(parent, create=False)
         if dirfd is None:
             return NodeState.ABSENT
-        return classify(_lstat_at(dirfd, name), node)
+        return classify(_lstat_at(open_below, dirfd, name, node.path), node)
 
     def ensure(self, node: DeviceNode) -> bool:
         parent, name = _split(node.path)
         dirfd = self._dir(parent, create=True)
         assert dirfd is not None
-        return _make_node(dirfd, name, node)
+        return _make_node(open_below, dirfd, name, node)
 
     def remove(self, node: DeviceNode) -> bool:
         parent, name = _split(node.path)
         dirfd = self._dir(parent, create=False)
         if dirfd is None:
             return False
-        return _remove_node(dirfd, name, node)
+        return _remove_node(open_below, dirfd, name, node)
 
 
 class SetnsFs:
@@ -287,39 +486,55 @@ class SetnsFs:
 
 def _child(ns_fd: int, op: str, node: DeviceNode) -> dict[str, str | bool]:  # pragma: no cover
     try:
+        # Our own fdinfo, opened before setns: the container's /proc is of another PID
+        # namespace, where this process has no entry (nor /proc/self/fd to chmod through:
+        # this child is single-threaded, so umask 0 is safe instead).
+        fdinfo = os.open("/proc/self/fdinfo", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         if _libc.setns(ns_fd, CLONE_NEWNS) != 0:
             err = ctypes.get_errno()
             raise KernelError(f"setns into the container's mount namespace: {os.strerror(err)}")
-        # /proc here is the container's, of another PID namespace: /proc/self/fd is not
-        # ours, so no chmod through it. This child is single-threaded: umask 0 is safe.
         os.umask(0)
+        open_ = nofollow_opener(fdinfo)
         parent, name = _split(node.path)
+        dirfd = _child_dir(open_, parent, create=op == "ensure")
         if op == "state":
-            try:
-                dirfd = os.open(parent, os.O_PATH | os.O_DIRECTORY)
-            except FileNotFoundError:
-                result: str | bool = NodeState.ABSENT.value
-            else:
-                result = classify(_lstat_at(dirfd, name), node).value
+            result: str | bool = (
+                NodeState.ABSENT.value
+                if dirfd is None
+                else classify(_lstat_at(open_, dirfd, name, node.path), node).value
+            )
+        elif dirfd is None:
+            result = False
+        elif op == "ensure":
+            result = _make_node(open_, dirfd, name, node)
         else:
-            if op == "ensure":
-                os.makedirs(parent, DIR_MODE, exist_ok=True)
-            try:
-                dirfd = os.open(parent, os.O_PATH | os.O_DIRECTORY)
-            except FileNotFoundError:
-                dirfd = -1
-            if dirfd < 0:
-                result = False
-            elif op == "ensure":
-                result = _make_node(dirfd, name, node)
-            else:
-                result = _remove_node(dirfd, name, node)
+            result = _remove_node(open_, dirfd, name, node)
         reply: dict[str, str | bool] = {"result": result}
-    except (UnsafePath, KernelError) as exc:
+    except (UnsafePath, KernelError, ContainerNotFound) as exc:
         reply = {"error": type(exc).__name__, "message": exc.message}
     except OSError as exc:
         reply = {"error": "KernelError", "message": f"{node.path}: {exc.strerror}"}
     return reply
+
+
+def _child_dir(open_: Opener, path: str, create: bool) -> int | None:  # pragma: no cover
+    """/dev as the namespace resolves it (this child is bounded), then each directory
+    below it the way `Openat2Fs` takes them: no symlink, no other mount."""
+    try:
+        fd = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if not create:
+            return None
+        raise UnsafePath("the container has no /dev directory") from None
+    walked = "/dev"
+    for name in path.removeprefix("/dev").split("/")[1:]:
+        walked += "/" + name
+        below = _subdir(open_, fd, name, walked, create)
+        os.close(fd)
+        if below is None:
+            return None
+        fd = below
+    return fd
 
 
 def open_container_fs(proc_pid_dir: Path | str, method: str = "auto") -> ContainerFs:

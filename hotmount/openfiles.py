@@ -36,18 +36,7 @@ from pathlib import Path
 
 from hotmount import workers
 from hotmount.errors import ChildTimeout
-
-# Filesystems whose getattr answers from memory or a local disk.
-LOCAL_FILESYSTEMS = frozenset(
-    {"tmpfs", "devtmpfs", "ramfs", "overlay", "ext2", "ext3", "ext4", "xfs", "btrfs",
-     "squashfs", "erofs", "vfat", "zfs", "proc", "sysfs", "devpts", "mqueue", "hugetlbfs"}
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _Mount:
-    fstype: str
-    nodev: bool
+from hotmount.mounts import LOCAL_FILESYSTEMS, MountTable, mnt_id
 
 
 @dataclass(frozen=True)
@@ -85,7 +74,7 @@ def _scan(
 ) -> tuple[list[tuple[int, str]], list[_Remote]]:  # pragma: no cover - runs in a child
     found: list[tuple[int, str]] = []
     remote: list[_Remote] = []
-    tables: dict[str, _MountTable] = {}
+    tables: dict[str, MountTable] = {}
     for pid in pids:
         base = os.path.join(proc, str(pid))
         try:
@@ -93,7 +82,7 @@ def _scan(
             ns = os.readlink(os.path.join(base, "ns", "mnt"))
             mounts = tables.get(ns)
             if mounts is None:
-                mounts = tables[ns] = _MountTable(os.path.join(base, "mountinfo"))
+                mounts = tables[ns] = MountTable(os.path.join(base, "mountinfo"))
         except OSError:
             continue  # exited, or a kernel thread
         for name in names:
@@ -102,10 +91,10 @@ def _scan(
                 target = os.readlink(fd_path)
                 if not target.startswith("/"):
                     continue  # pipe:[..], socket:[..], anon_inode:..: no device node
-                mnt_id = _mnt_id(os.path.join(base, "fdinfo", name))
+                mount_id = mnt_id(os.path.join(base, "fdinfo", name))
             except OSError:
                 continue  # closed meanwhile
-            mount = mounts.get(mnt_id)
+            mount = mounts.get(mount_id)
             if mount is not None and mount.nodev:
                 continue
             if mount is None or mount.fstype not in LOCAL_FILESYSTEMS:
@@ -137,48 +126,3 @@ def _holder(
     if (os.major(st.st_rdev), os.minor(st.st_rdev)) not in numbers:
         return []
     return [(pid, target)]
-
-
-def _mnt_id(fdinfo: str) -> int | None:
-    fd = os.open(fdinfo, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        text = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    at = text.find(b"mnt_id:")
-    return None if at < 0 else int(text[at + 7 :].split(None, 1)[0])
-
-
-class _MountTable:
-    """One mountinfo (proc(5)), read once; a mount's line parsed only when asked for
-    (a scan looks up a few mounts of a table of hundreds)."""
-
-    def __init__(self, mountinfo: str) -> None:
-        self._path = mountinfo
-        self._text: bytes | None = None
-        self._parsed: dict[int, _Mount | None] = {}
-
-    def get(self, mnt_id: int | None) -> _Mount | None:
-        """The mount with this ID (filesystem type, nodev); None where it is not here."""
-        if mnt_id is None:
-            return None
-        if mnt_id not in self._parsed:
-            self._parsed[mnt_id] = self._parse(mnt_id)
-        return self._parsed[mnt_id]
-
-    def _parse(self, mnt_id: int) -> _Mount | None:
-        if self._text is None:
-            try:
-                with open(self._path, "rb") as info:
-                    self._text = b"\n" + info.read()
-            except OSError:
-                self._text = b""
-        at = self._text.find(b"\n%d " % mnt_id)
-        if at < 0:
-            return None
-        fields = self._text[at + 1 : self._text.find(b"\n", at + 1)].split()
-        try:
-            fstype = fields[fields.index(b"-", 6) + 1].decode()
-        except (ValueError, IndexError):
-            return None
-        return _Mount(fstype, b"nodev" in fields[5].split(b","))

@@ -14,6 +14,7 @@ from hotmount import claims, plan
 from hotmount.claims import Claim
 from hotmount.devices.inventory import Inventory
 from hotmount.devnodes import ContainerFs, NodeState
+from hotmount.errors import UnsafePath
 from hotmount.grants import CgroupGrants, rule_of
 from hotmount.ledger import ContainerRecord, Ledger
 from hotmount.results import ReconcileReport
@@ -66,7 +67,11 @@ def repair_drift(
     record: ContainerRecord, grants: CgroupGrants, fs: ContainerFs, report: ReconcileReport
 ) -> None:
     """Grant again what the record granted (v1 lines, v2 map entries and wrapper), and
-    create again the nodes someone removed; counted in `report`. The caller saves."""
+    create again the nodes someone removed; counted in `report`. The caller saves.
+
+    A node whose path the tenant made unsafe (its directory replaced by a symlink or a
+    volume: hotmount/devnodes.py refuses it without looking inside) is named in
+    `report.errors`, and the other nodes are still repaired."""
     v1 = grants.v1(record.v1_dir)
     if v1 is not None:
         for node_record in record.nodes.values():
@@ -80,8 +85,16 @@ def repair_drift(
         report.rewrapped += v2.grant(rules)
         if before.restricted:
             report.regranted += len(set(rules) - before.grants)
+    refused: dict[str, None] = {}  # the refusals, once each (a bad /dev refuses every node)
     for node_record in record.nodes.values():
-        if fs.state(plan.node_of(node_record)) is NodeState.ABSENT:
-            fs.ensure(plan.node_of(node_record))
-            node_record.created = True
-            report.recreated += 1
+        node = plan.node_of(node_record)
+        try:
+            if fs.state(node) is NodeState.ABSENT:
+                fs.ensure(node)
+                node_record.created = True
+                report.recreated += 1
+        except UnsafePath as exc:
+            refused[exc.message] = None
+    if refused:
+        report.errors[record.key] = "; ".join(refused)
+        log.warning("reconcile %s: %s", record.key, report.errors[record.key])

@@ -9,10 +9,10 @@ from contextlib import AbstractContextManager
 from hotmount import plan
 from hotmount.containers import Container
 from hotmount.devices.model import DeviceRule
-from hotmount.devnodes import ContainerFs
-from hotmount.errors import ContainerNotFound
+from hotmount.devnodes import ContainerFs, NodeState
+from hotmount.errors import ContainerNotFound, UnsafePath
 from hotmount.grants import CgroupGrants, rule_of
-from hotmount.ledger import ContainerRecord
+from hotmount.ledger import ContainerRecord, NodeRecord
 from hotmount.results import ContainerStatus, DeviceStatus, NodeStatus
 
 
@@ -36,7 +36,7 @@ def container_status(
     with fs_cm as fs:
         for path, node_record in record.nodes.items():
             rule = rule_of(node_record)
-            state = fs.state(plan.node_of(node_record)).value if fs else "unknown"
+            state = _state(fs, node_record) if fs else "unknown"
             granted = container is not None
             with contextlib.suppress(ContainerNotFound):
                 if v1 is not None and container is not None:
@@ -70,3 +70,12 @@ def container_status(
         devices,
         pending,
     )
+
+
+def _state(fs: ContainerFs, node_record: NodeRecord) -> str:
+    """A path the tenant made unsafe (a symlink or a volume on the way) reads as
+    `mismatch`: something else is there, and one container cannot fail every status."""
+    try:
+        return fs.state(plan.node_of(node_record)).value
+    except UnsafePath:
+        return NodeState.MISMATCH.value

@@ -24,7 +24,7 @@ from hotmount.devnodes import (
     RESOLVE_IN_ROOT,
     RESOLVE_NO_MAGICLINKS,
     RESOLVE_NO_XDEV,
-    Openat2Fs,
+    RootDirs,
     describe,
     openat2,
     openat2_available,
@@ -139,7 +139,7 @@ class HostSources:
             os.close(fd)
 
 
-class TargetFs(Openat2Fs):
+class TargetFs(RootDirs):
     """The container's root filesystem only: paths that cross into another mount
     (a volume, a bind) are refused, never followed."""
 

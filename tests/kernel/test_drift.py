@@ -6,7 +6,7 @@ import pytest
 
 from hotmount.cgroups import prologue
 from hotmount.engine import Engine
-from tests.kernel.conftest import GPU0
+from tests.kernel.conftest import GPU0, NIC0
 from tests.support.bpf import attach_foreign, attached
 from tests.support.runc import RuncContainer
 
@@ -62,6 +62,35 @@ def test_missing_node_is_recreated(engine: Engine, container: RuncContainer) -> 
 
     assert report.recreated == 1
     assert container.open_result("/dev/nvidia0") == "ENXIO"
+
+
+def test_a_node_directory_swapped_for_a_symlink_is_reported_and_the_rest_repaired(
+    subdir_engine: Engine, container: RuncContainer
+) -> None:
+    """Issue 40: the tenant removed a node and replaced its directory with a symlink.
+    The pass names the container, follows nothing, and still repairs the other node;
+    the container's status reads the refused node as `mismatch`."""
+    engine = subdir_engine
+    engine.mount(container.id, [GPU0, NIC0])
+    elsewhere = f"/tmp/elsewhere-{container.id[:12]}"  # the rootfs is shared by the session
+    swapped = container.exec(
+        "sh", "-c",
+        f"rm /dev/nvidia0 && rm -rf /dev/infiniband && mkdir {elsewhere} && "
+        f"ln -s {elsewhere} /dev/infiniband",
+    )  # fmt: skip
+    assert swapped.returncode == 0, swapped.stderr
+
+    report = engine.reconcile()
+
+    assert "/dev/infiniband" in report.errors[container.id], report.errors
+    assert report.recreated == 1
+    assert container.open_result("/dev/nvidia0") == "ENXIO"
+    assert container.exec("ls", "-A", elsewhere).stdout == ""
+    assert engine.ledger.load(container.id).nodes["/dev/nvidia0"].created
+    # Its status still answers (one tenant cannot fail every status): something else is there.
+    states = {n.path: n.state for d in engine.status(container.id).devices for n in d.nodes}
+    assert states["/dev/infiniband/uverbs0"] == "mismatch"
+    assert states["/dev/nvidia0"] == "present"
 
 
 def test_gone_containers_are_forgotten(engine: Engine, make_container) -> None:

@@ -9,21 +9,24 @@ so the thread and the container can go).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from hotmount import forked
 from hotmount.engine import Engine, EngineConfig
-from hotmount.errors import ChildTimeout, DeviceBusy, HotmountError
+from hotmount.errors import ChildTimeout, DeviceBusy, HotmountError, UnsafePath
+from hotmount.results import MountResult, ReconcileReport, UnmountResult
 from tests.fakes import driver as stand_in
-from tests.kernel.conftest import GPU1
-from tests.kernel.test_driver_files import GPU, _cdi_spec, _rootfs
+from tests.kernel.conftest import GPU1, NIC0, NIC1
+from tests.kernel.test_driver_files import GPU, LIB, _cdi_spec, _rootfs
 from tests.support.hung_fuse import HungFuse, hold_file
 from tests.support.runc import RuncContainer
 
@@ -117,6 +120,85 @@ def test_a_nodev_hung_mount_is_skipped_and_real_holders_are_still_named(
         _end(file_holder, gpu_holder)
 
 
+class Swap(NamedTuple):
+    before: str | None  # a tenant's command before the hung filesystem is mounted
+    target: str  # where it is mounted in the container
+    after: str | None  # a tenant's command after that
+    refused: str  # the path the refusal names
+
+
+# Where the tenant puts its hung filesystem in the path of a node in /dev/infiniband: a
+# symlink to it (rm -rf /dev/infiniband; ln -s /mnt/nfs/x /dev/infiniband: no privilege
+# needed), or a volume mounted there, over /dev itself, or at a node's own path (a pod
+# spec's volumeMounts).
+SWAPS = {
+    "symlink": Swap(
+        None, "/mnt/hung", "rm -rf /dev/infiniband && ln -s /mnt/hung /dev/infiniband",
+        "/dev/infiniband",
+    ),
+    "volume-at-subdir": Swap(None, "/dev/infiniband", None, "/dev/infiniband"),
+    "volume-at-dev": Swap(None, "/dev", None, "/dev"),
+    "volume-at-node": Swap(
+        "rm /dev/infiniband/uverbs0", "/dev/infiniband/uverbs0", None, "/dev/infiniband/uverbs0"
+    ),
+}  # fmt: skip
+# The setns fallback refuses the same below /dev; a hung /dev itself costs it a
+# deadline instead (its child is killed: test_a_hung_setns_child_is_killed_...).
+CASES = [
+    pytest.param(method, swap, id=f"{method}-{swap}")
+    for method in ("openat2", "setns")
+    for swap in sorted(SWAPS)
+    if (method, swap) != ("setns", "volume-at-dev")
+]
+
+
+@pytest.mark.parametrize(("method", "swap"), CASES)
+def test_a_node_path_on_a_hung_filesystem_is_refused_not_entered(
+    subdir_engine: Engine, container: RuncContainer, fuse: HungFuse, method: str, swap: str
+) -> None:
+    """Issue 40: node work runs in the agent's own process (no fork per node), so it may
+    not enter the tenant's filesystem at all: below the container's /dev nothing is
+    followed through a symlink or into another mount, and a /dev that is not a local
+    filesystem is refused. Reconcile names the container and goes on, a mount of a
+    device whose node lives there is refused (one elsewhere in that directory is made),
+    an unmount leaves that node and finishes; each promptly (bounded here by two
+    --fs-deadlines, though nothing on this path forks)."""
+    engine = Engine(dataclasses.replace(subdir_engine.config, node_method=method))
+    tenant = SWAPS[swap]
+    engine.mount(container.id, [NIC0])
+    if tenant.before is not None:
+        container.exec("sh", "-c", tenant.before)
+    fuse.mount_in(container.pid, tenant.target)
+    if tenant.after is not None:
+        container.exec("sh", "-c", tenant.after)
+    bound = 2 * forked.DEFAULT_DEADLINE
+    try:
+        fuse.hang()
+
+        report = _bounded(engine.reconcile, bound)
+        assert isinstance(report, ReconcileReport), report
+        assert tenant.refused in report.errors[container.id], report.errors
+        assert report.recreated == 0
+
+        other = _bounded(lambda: engine.mount(container.id, [NIC1]), bound)
+        if tenant.refused == "/dev/infiniband/uverbs0":  # NIC1's node is beside it
+            assert isinstance(other, MountResult), other
+        else:
+            assert isinstance(other, UnsafePath), other
+            assert tenant.refused in other.message
+            assert NIC1 not in engine.ledger.load(container.id).devices
+            assert NIC1 not in {c.device for c in engine.ledger.claims()}
+
+        gone = _bounded(lambda: engine.unmount(container.id, [NIC0]), bound)
+        assert isinstance(gone, UnmountResult), gone
+        assert gone.unmounted == [NIC0] and gone.removed_nodes == []  # left where it is
+        record = engine.ledger.load(container.id)
+        assert record is None or NIC0 not in record.devices
+        assert fuse.pending == 0, "the agent asked the tenant's filesystem something"
+    finally:
+        fuse.close()
+
+
 def test_a_hung_setns_child_is_killed_and_keeps_no_other_calls_pipe_or_lock(
     tmp_path: Path, cdi_dir: Path, container: RuncContainer, fuse: HungFuse
 ) -> None:
@@ -178,12 +260,16 @@ def _wait_until(condition: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.parametrize("how", ["mounted", "symlinked"])
 def test_driver_placement_into_a_hung_library_directory_fails_bounded(
-    tmp_path: Path, mode: str, fuse: HungFuse
+    tmp_path: Path, mode: str, fuse: HungFuse, how: str
 ) -> None:
     """Item 3b: under auto the placer looks for libcuda.so.1 in the container's library
-    directories; one of them is the tenant's hung mount. The mount fails bounded (or,
-    where that directory is not crossed into, goes on), and it never half-happens."""
+    directories; one of them is the tenant's hung mount, or a symlink into one (issue
+    40). Either the mount fails bounded (the placer's looks run in a killable child) and
+    never half-happens, or (RESOLVE_NO_XDEV: no step crosses into another mount, a
+    symlink's target included) it goes on with the driver's files on the container's
+    own root filesystem, and the hung filesystem was asked nothing."""
     driver_root = stand_in.build_root(tmp_path / "driver")
     cdi = tmp_path / "cdi"
     cdi.mkdir()
@@ -196,15 +282,29 @@ def test_driver_placement_into_a_hung_library_directory_fails_bounded(
     )  # fmt: skip
     container = RuncContainer(tmp_path, _rootfs(tmp_path / "image"), mode)
     try:
-        fuse.mount_in(container.pid, "/usr/lib64")
+        if how == "mounted":
+            fuse.mount_in(container.pid, "/usr/lib64")
+        else:
+            fuse.mount_in(container.pid, "/mnt/hung")
+            linked = container.exec("sh", "-c", "mkdir -p /usr && ln -s /mnt/hung /usr/lib64")
+            assert linked.returncode == 0, linked.stderr
         fuse.hang()
         outcome = _bounded(lambda: auto.mount(container.id, [GPU]))
 
+        record = auto.ledger.load(container.id)
         if isinstance(outcome, BaseException):
             assert isinstance(outcome, HotmountError), outcome
-            record = auto.ledger.load(container.id)
             assert record is None or not record.devices
             assert "nvidia0" not in container.ls_dev()
+        else:
+            assert isinstance(outcome, MountResult), outcome
+            assert record is not None and GPU in record.devices
+            assert outcome.driver is not None, "auto found no libcuda: it brings the driver"
+            files = outcome.driver["files"]
+            assert f"{LIB}/libcuda.so.{stand_in.VERSION}" in files, files
+            assert not [f for f in files if f.startswith("/usr/lib64/")], files
+            assert "nvidia0" in container.ls_dev()
+            assert fuse.pending == 0, "the placer asked the hung filesystem something"
     finally:
         fuse.close()
         container.stop()

@@ -22,20 +22,48 @@ def fs_kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def test_symlink_to_host_root_stays_inside_the_container(
-    container: RuncContainer, fs_kind: str, tmp_path: Path
+def test_symlink_to_host_root_is_refused_and_nothing_escapes(
+    container: RuncContainer, fs_kind: str
 ) -> None:
+    """`/dev/trap -> /`: through the host's /proc/PID/root the node would land in the
+    host's `/`. Nothing below the container's /dev is followed through a symlink, so it
+    lands nowhere: not on the host, not in the container's own `/` either."""
     marker = f"hotmount-escape-{container.id[:8]}"
     container.exec("ln", "-s", "/", "/dev/trap")
     fs = FS_KINDS[fs_kind](Path(f"/proc/{container.pid}"))
     try:
-        assert fs.ensure(DeviceNode(f"/dev/trap/{marker}", 195, 0))
+        with pytest.raises(UnsafePath, match="/dev/trap"):
+            fs.ensure(DeviceNode(f"/dev/trap/{marker}", 195, 0))
     finally:
         fs.close()
 
     assert not Path("/", marker).exists(), "a node escaped onto the host"
-    # It landed in the container's own root.
-    assert marker in container.exec("ls", "/").stdout
+    assert marker not in container.exec("ls", "/").stdout
+
+
+@pytest.mark.parametrize(
+    "path", ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/deeper/nvidia-cap1"]
+)
+def test_a_node_directory_that_is_a_symlink_is_refused_and_nothing_is_made_elsewhere(
+    container: RuncContainer, fs_kind: str, path: str
+) -> None:
+    """Issue 40: the tenant replaces a node's directory (`rm -rf /dev/nvidia-caps;
+    ln -s /tmp/elsewhere /dev/nvidia-caps`). Looking, making and removing are refused
+    (UnsafePath) without following it: nothing is made there, not even a directory."""
+    elsewhere = f"/tmp/elsewhere-{container.id[:12]}"  # the rootfs is shared by the session
+    made = container.exec("sh", "-c", f"mkdir {elsewhere} && ln -s {elsewhere} /dev/nvidia-caps")
+    assert made.returncode == 0, made.stderr
+    fs = FS_KINDS[fs_kind](Path(f"/proc/{container.pid}"))
+    node = DeviceNode(path, 195, 1, file_mode=0o444)
+    try:
+        for step in (fs.state, fs.ensure, fs.remove):
+            with pytest.raises(UnsafePath, match="/dev/nvidia-caps"):
+                step(node)
+    finally:
+        fs.close()
+
+    assert container.exec("ls", "-A", elsewhere).stdout == ""
+    assert container.exec("ls", "-ld", "/dev/nvidia-caps").stdout.startswith("l")
 
 
 @pytest.mark.parametrize(
