@@ -452,6 +452,23 @@ class Authorizer:
             for namespace, name in pods:
                 self.require(identity, "force", namespace, name)
 
+    def require_taking_held(
+        self, identity: Identity, namespace: str, pod: str, holders: int
+    ) -> None:
+        """A suspend of GPUs that `holders` processes of the pod hold: it freezes them and
+        takes their GPUs, which only a forced unmount may do, so it needs `force` on the
+        pod as that does (an asserted user: the opt-in too). Asked once the suspend has
+        found them, before anything changes; a GPU no process holds needs `delete` alone."""
+        try:
+            self.require_force(identity, True, (namespace, pod))
+        except Forbidden as exc:
+            who = "1 process holds" if holders == 1 else f"{holders} processes hold"
+            raise Forbidden(
+                f"{exc.message}; {who} the GPUs of pod {namespace}/{pod}, and a suspend takes "
+                "them away as a forced unmount does; nothing was changed",
+                exc.details,
+            ) from exc
+
 
 def _refuse_unbound_service_account(user: UserInfo, resource: str, name: str) -> None:
     """--refuse-unbound-service-account-tokens: a ServiceAccount's token must be bound to a

@@ -2,7 +2,8 @@
 their GPU memory moved into host memory. Resume: mount a GPU of the same model and
 restore every suspended process onto it.
 
-Suspend: find the processes (fds on the GPUs' nodes, NVML's lists), check the memory
+Suspend: find the processes (fds on the GPUs' nodes, NVML's lists), let the caller
+refuse to take the GPUs from them (`held`: the agent's `force` check), check the memory
 cgroup's room, then lock each (a bounded wait), checkpoint each, check that nothing
 holds a node that leaves, and unmount. Resume: choose the GPUs, mount them, restore,
 unlock. The ledger's `suspension` is written before each step: a crash part-way is
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, dict[str, object]], None]
+# The caller's say before a suspension takes the GPUs from the processes holding them
+# (called only when there are any, before anything changes): raising refuses it.
+Held = Callable[[list[CudaProcess]], None]
 # The mount metadata that names a holder or pin pod (agent/node/pins.py): released by the
 # caller on suspend, so a resume does not name it again (it names the pin the caller made
 # for the GPU it mounts, given as `pins`).
@@ -72,7 +76,12 @@ class Suspender:
         *,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         progress: Progress = _quiet,
+        held: Held | None = None,
     ) -> SuspendResult:
+        """`held`: called with the processes found holding the GPUs, if any, before
+        anything changes; what it raises refuses the suspension, nothing changed (the
+        agent's `force` check: taking a GPU from its holders is what a forced unmount
+        does). None: no one to ask (the idle policy `suspend`, the pod's own choice)."""
         engine = self.engine
         container, alive = engine._enter(ref)
         with alive, self._suspend_lock(container.key):
@@ -107,6 +116,8 @@ class Suspender:
                     )
                     for pid in sorted(found)
                 ]
+                if processes and held is not None:
+                    held(processes)
                 need = sum(p.gpu_bytes for p in processes)
                 room = memory.room(engine.host, container.init_pid)
                 choose.require_room(need, room, container.key)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.agent.conftest import ALICE
+from tests.agent.conftest import ALICE, DANA
 from tests.cli.conftest import Run
 from tests.support.cuda_standin import MODEL, A, B, status
 from tests.support.suspend_world import PODS, World, standin_fixture, world_fixture  # noqa: F401 (fixtures)
@@ -49,6 +49,17 @@ def test_no_gpu_free_exits_3_and_says_so(world: World, nvcli: Callable[..., Run]
     refused = nvcli("resume", "--name", "nb", *flags)
     assert refused.rc == 3, refused.err
     assert f"no GPU of model {MODEL} is free on this node" in refused.err
+
+
+def test_a_held_gpu_without_force_exits_5_and_names_the_role(
+    world: World, nvcli: Callable[..., Run]
+) -> None:
+    container, _ = world.notebook()
+    flags = ["--agent", world.agent.url, "--token", DANA, "-n", "default"]
+    refused = nvcli("suspend", "--name", "nb", *flags)
+    assert refused.rc == 5, refused.err
+    assert "ask for force on gpumounts.hotmount.io in namespace default" in refused.err
+    assert status(container) == "running /dev/nvidia0 pattern=ok"
 
 
 def test_suspend_needs_a_pod(nvcli: Callable[..., Run]) -> None:

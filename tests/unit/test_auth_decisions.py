@@ -108,3 +108,38 @@ def test_an_assertion_never_carries_a_privileged_group() -> None:
         headers.setdefault(name, []).append(value)
     assert headers[ASSERT_GROUP] == ["ops", "system:authenticated"]
     assert asserted_user("admin", headers).groups == ["ops", "system:authenticated"]
+
+
+class ForceReviews:
+    """Allows every verb but `force`, as the shipped hotmount-user does."""
+
+    def __init__(self) -> None:
+        self.verbs: list[str] = []
+
+    def subject_access_review(
+        self, user: UserInfo, verb: str, *args: Any, **kwargs: Any
+    ) -> tuple[bool, str]:
+        self.verbs.append(verb)
+        return verb != "force", ""
+
+
+@pytest.mark.parametrize("via", ["token", "front-proxy", "gateway"])
+def test_taking_a_held_gpu_by_suspend_is_force(via: str) -> None:
+    """A suspend that found processes holding the GPUs asks `force`, as a forced unmount
+    does; an asserted user is refused before any review without the opt-in."""
+    reviews = ForceReviews()
+    authorizer = Authorizer(reviews, ttl=0)  # type: ignore[arg-type]
+    identity = Identity(UserInfo("dana", ["team-a"], "", {}), via)
+    with pytest.raises(Forbidden) as refused:
+        authorizer.require_taking_held(identity, "default", "nb", 2)
+    assert "2 processes hold the GPUs of pod default/nb" in refused.value.message
+    assert "nothing was changed" in refused.value.message
+    assert reviews.verbs == ([] if via == "gateway" else ["force"])
+
+
+def test_a_trusted_caller_takes_a_held_gpu_unasked() -> None:
+    reviews = ForceReviews()
+    authorizer = Authorizer(reviews, ttl=0)  # type: ignore[arg-type]
+    root = Identity(UserInfo("system:node-root", [], "", {}), "unix", trusted=True)
+    authorizer.require_taking_held(root, "default", "nb", 1)
+    assert reviews.verbs == []
