@@ -36,6 +36,7 @@ from hotmount.errors import DeviceClaimed
 from hotmount.ledger import DeviceRecord
 from hotmount.suspend.choose import NoGpuFree
 from hotmount.suspend.flow import Progress
+from hotmount.suspend.model import Listed
 from hotmount.suspend.model import ResumeResult as EngineResumeResult
 
 # The caller's check before a suspend takes a pod's GPUs from the processes holding them.
@@ -88,8 +89,7 @@ class Suspending:
                         held=lambda processes: may_take(info, len(processes)),
                     )
                 released = self.holders.release(namespace, holders)
-            processes = [CheckpointedProcess(pid=p["pid"], gpu_bytes=p["gpuBytes"])
-                         for p in done.processes]  # fmt: skip
+            processes = _checkpointed(done.processes)
             moved = sum(p.gpu_bytes for p in processes)
             record_event(
                 self.kube,
@@ -132,10 +132,7 @@ class Suspending:
                 container=chosen.name,
                 container_id=chosen.container_id,
                 resumed=done.onto,
-                processes=[
-                    CheckpointedProcess(pid=p["pid"], gpu_bytes=p["gpuBytes"])
-                    for p in done.processes
-                ],
+                processes=_checkpointed(done.processes),
             )
 
     def _resume_pinned(
@@ -213,6 +210,14 @@ class Suspending:
             except AllocatedToPod:
                 taken.add(device.key)
         return frozenset(taken)
+
+
+def _checkpointed(processes: list[Listed]) -> list[CheckpointedProcess]:
+    """The engine's processes as a tenant sees them: by their PID in the container (the
+    host's PID is the node's business, kept in the ledger and the agent's log)."""
+    return [
+        CheckpointedProcess(pid=p["containerPid"], gpu_bytes=p["gpuBytes"] or 0) for p in processes
+    ]
 
 
 def _by_old(plan: dict[str, str], made: dict[str, Holder]) -> list[tuple[str, Holder]]:

@@ -8,8 +8,11 @@ cgroup's room, then lock each (a bounded wait), checkpoint each, check that noth
 holds a node that leaves, and unmount. Resume: choose the GPUs, mount them, restore,
 unlock. The ledger's `suspension` is written before each step: a crash part-way is
 finished or rolled back by `reconcile`, and no process is left LOCKED (holding the GPU,
-its CUDA calls blocked). A process is named to the driver by host PID only while a pidfd
-shows it alive, and in reconcile only with its recorded start time, in the container.
+its CUDA calls blocked). The driver's API takes a PID, not a pidfd: a process is named
+to it by host PID right after its pidfd (opened before the scan) shows it alive, and in
+reconcile only with its recorded start time, in the container; what happens between
+that look and the driver's own lookup of the PID is not ours to close. Results name
+each process by its PID in the container's PID namespace, never the host's.
 
 The container's operation lock is taken by each engine step (mount, unmount, a record
 update); a second lock of its own (`<key>#suspend`) keeps suspensions and resumes of one
@@ -105,6 +108,7 @@ class Suspender:
                 )
             leaving = plan.nodes_to_remove(record, keys)
             numbers = {(n.major, n.minor) for n in leaving}
+            own = liveness.pid_namespace(engine._proc, container.init_pid)
             with Pinned.pin(container.pids) as pinned:
                 found = {h.pid for h in pinned.holders(engine.host.proc, numbers)}
                 found |= set(view.processes) & set(pinned.pids)
@@ -113,6 +117,7 @@ class Suspender:
                         pid=pid,
                         start_time=liveness.start_time(engine._proc, pid),
                         gpu_bytes=view.processes.get(pid, 0),
+                        container_pid=liveness.pid_in(engine._proc, pid, own),
                     )
                     for pid in sorted(found)
                 ]

@@ -11,6 +11,7 @@ from tests.support.cuda_standin import (
     UUID_A,
     A,
     B,
+    container_pid,
     gpu_fds,
     status,
 )
@@ -29,7 +30,9 @@ def test_suspend_then_resume(world: World) -> None:
         assert suspended.status_code == 200, suspended.text
         body = suspended.json()
         assert body["suspended"] == [A] and body["container"] == "main"
-        assert body["processes"] == [{"pid": pid, "gpuBytes": 512 << 20}]
+        # the PID the container sees (its own PID namespace), never the host's
+        assert container_pid(pid) != pid
+        assert body["processes"] == [{"pid": container_pid(pid), "gpuBytes": 512 << 20}]
         assert body["hostBytes"] == 512 << 20
         assert status(container) == "checkpointed - pattern=ok"
 
@@ -46,6 +49,7 @@ def test_suspend_then_resume(world: World) -> None:
         resumed = api.post(f"{PODS}/nb/resume", json={})
         assert resumed.status_code == 200, resumed.text
         assert resumed.json()["resumed"] == {A: A}
+        assert resumed.json()["processes"] == [{"pid": container_pid(pid), "gpuBytes": 512 << 20}]
         assert status(container) == "running /dev/nvidia0 pattern=ok"
         [listed] = api.get(f"{PODS}/nb/devices").json()["containers"][0]["devices"]
         assert listed["state"] == "mounted" and listed["paths"] == ["/dev/nvidia0"]
@@ -161,7 +165,8 @@ def test_suspending_a_gpu_no_process_holds_needs_only_delete(world: World) -> No
 
 def test_through_the_api_server_a_held_gpu_needs_force_too(world: World) -> None:
     """The aggregated face (POST gpumounts/{pod}/suspend): the API server lets dana
-    `create gpumounts/suspend`, the agent still asks `force` for a held GPU."""
+    `create gpumounts/suspend`, the agent still asks `force` for a held GPU. olga's
+    answer names the process by its PID in the container."""
     container, pid = world.notebook()
     world.behind_the_api_server()
     with world.cluster.api(DANA) as api:
@@ -173,5 +178,6 @@ def test_through_the_api_server_a_held_gpu_needs_force_too(world: World) -> None
     with world.cluster.api(OLGA) as api:
         done = api.post(f"{GPUMOUNTS}/nb/suspend", json={})
     assert done.status_code == 200, done.text
-    assert len(done.json()["status"]["processes"]) == 1
+    processes = done.json()["status"]["processes"]
+    assert processes == [{"pid": container_pid(pid), "gpuBytes": 512 << 20}]
     assert status(container) == "checkpointed - pattern=ok"

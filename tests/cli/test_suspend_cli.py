@@ -9,7 +9,7 @@ import pytest
 
 from tests.agent.conftest import ALICE, DANA
 from tests.cli.conftest import Run
-from tests.support.cuda_standin import MODEL, A, B, status
+from tests.support.cuda_standin import MODEL, A, B, container_pid, status
 from tests.support.suspend_world import PODS, World, standin_fixture, world_fixture  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.kernel
@@ -33,7 +33,8 @@ def test_suspend_then_resume(world: World, nvcli: Callable[..., Run]) -> None:
     back = nvcli("resume", "--name", "nb", "-o", "json", *flags)
     assert back.rc == 0, back.err
     assert back.json()["resumed"] == {A: A} and back.err == ""  # quiet: JSON alone
-    assert back.json()["processes"] == [{"pid": pid, "gpuBytes": 512 << 20}]
+    # the PID the container sees, never the host's
+    assert back.json()["processes"] == [{"pid": container_pid(pid), "gpuBytes": 512 << 20}]
     assert status(container) == "running /dev/nvidia0 pattern=ok"
 
 
