@@ -47,7 +47,7 @@ def suspend_gpumount(
             body.lock_timeout_seconds,
             caller.name,
             lambda target, holders: authz.require_taking_held(
-                caller, target.namespace, target.name, holders
+                caller, target.namespace, target.name, holders, target.uid
             ),
         )
         return kube_object("GPUMount", pod, done, namespace)

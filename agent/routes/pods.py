@@ -125,7 +125,7 @@ def suspend(
             body.lock_timeout_seconds,
             caller.name,
             lambda target, holders: authz.require_taking_held(
-                caller, target.namespace, target.name, holders
+                caller, target.namespace, target.name, holders, target.uid
             ),
         ),
         request,

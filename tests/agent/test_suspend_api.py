@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.agent.conftest import ALICE, BOB, DANA, METRICS, OLGA
+from tests.agent.conftest import ALICE, BOB, DANA, METRICS, OLGA, shipped_role
 from tests.support.cuda_standin import (
     MODEL,
     UUID_A,
@@ -21,6 +21,8 @@ from tests.support.suspend_world import World, standin_fixture, world_fixture  #
 pytestmark = pytest.mark.kernel
 PODS = "/v1/namespaces/default/pods"
 GPUMOUNTS = "/apis/hotmount.io/v1alpha1/namespaces/default/gpumounts"
+NOTEBOOKS = "system:serviceaccount:default:notebook"  # one account for the notebooks' pods
+POD_NAME, POD_UID = "authentication.kubernetes.io/pod-name", "authentication.kubernetes.io/pod-uid"
 
 
 def test_suspend_then_resume(world: World) -> None:
@@ -180,4 +182,44 @@ def test_through_the_api_server_a_held_gpu_needs_force_too(world: World) -> None
     assert done.status_code == 200, done.text
     processes = done.json()["status"]["processes"]
     assert processes == [{"pid": container_pid(pid), "gpuBytes": 512 << 20}]
+    assert status(container) == "checkpointed - pattern=ok"
+
+
+def test_a_pods_own_token_suspends_its_busy_gpu_without_force(world: World) -> None:
+    """`%gpu suspend` in a notebook: the pod's own bound token (its TokenReview names the
+    pod by name and UID) suspends the pod's own kernel with hotmount-user alone, as the
+    idle policy `suspend` does: the pod acting on itself takes no one else's GPU. The
+    same account's token bound to another pod, or to an earlier pod of that name, needs
+    `force` as anyone does. Through the API server the token's extras come as
+    X-Remote-Extra- headers, and decide the same."""
+    container, pid = world.notebook()
+    world.cluster.pod("other")
+    kube = world.cluster.kube
+    uid = {name: kube.pod("default", name)["metadata"]["uid"] for name in ("nb", "other")}
+    bound = {"nb-token": ("nb", uid["nb"]), "other-token": ("other", uid["other"]),
+             "old-nb-token": ("nb", "5f0c1f4e-0000-4000-8000-000000000000")}  # fmt: skip
+    for token, (pod, pod_uid) in bound.items():
+        extra = {POD_NAME: [pod], POD_UID: [pod_uid]}
+        kube.add_token(token, NOTEBOOKS, ["system:serviceaccounts"], extra=extra)
+    kube.bind_role(shipped_role("hotmount-user"), user=NOTEBOOKS, namespace="default")
+
+    for stranger in ("other-token", "old-nb-token"):
+        with world.agent.client(stranger) as api:
+            refused = api.post(f"{PODS}/nb/suspend", json={})
+        assert refused.status_code == 403, refused.text
+        assert "cannot force gpumounts" in refused.json()["message"]
+        still_running(container, pid)
+    with world.agent.client("nb-token") as api:
+        done = api.post(f"{PODS}/nb/suspend", json={})
+        assert done.status_code == 200, done.text
+        assert status(container) == "checkpointed - pattern=ok"
+        assert api.post(f"{PODS}/nb/resume", json={}).status_code == 200
+    still_running(container, pid)
+
+    world.behind_the_api_server()
+    with world.cluster.api("other-token") as api:
+        assert api.post(f"{GPUMOUNTS}/nb/suspend", json={}).status_code == 403
+    with world.cluster.api("nb-token") as api:
+        done = api.post(f"{GPUMOUNTS}/nb/suspend", json={})
+    assert done.status_code == 200, done.text
     assert status(container) == "checkpointed - pattern=ok"
