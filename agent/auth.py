@@ -21,7 +21,9 @@ Authentication, first match wins (agent/guard.py runs it before any body is read
 Authorization is a SubjectAccessReview for the user: group `hotmount.io`, resource
 `gpumounts` (the node listing: `nodedevices`), the pod's namespace and name; decisions
 are cached briefly. A forced operation also needs the verb `force` on each pod it
-touches: it overrides another holder's claim, so it is a permission of its own. Every
+touches: it overrides another holder's claim, so it is a permission of its own. So does
+a suspend that takes GPUs from processes holding them, unless the pod itself asks (a
+token bound to it, not an assertion). Every
 decision is logged with the user, the verb and the pod. `/metrics` is a SAR for `get` on
 the non-resource URL, as the kubelet's and controller-runtime's metrics filters ask.
 `--refuse-unbound-service-account-tokens` refuses API calls from ServiceAccount tokens
@@ -52,6 +54,7 @@ log = logging.getLogger("hotmount.audit")
 API_GROUP = "hotmount.io"
 RESOURCE = "gpumounts"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"  # a token bound to a pod
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 ASSERT_USER, ASSERT_GROUP = "x-hotmount-user", "x-hotmount-group"
 ASSERT_UID, ASSERT_EXTRA = "x-hotmount-uid", "x-hotmount-extra-"
@@ -451,6 +454,56 @@ class Authorizer:
             refuse_asserted(identity, "force", self.asserted_force)
             for namespace, name in pods:
                 self.require(identity, "force", namespace, name)
+
+    def require_taking_held(
+        self, identity: Identity, namespace: str, pod: str, holders: int, pod_uid: str
+    ) -> None:
+        """A suspend of GPUs that `holders` processes of the pod hold: it freezes them and
+        takes their GPUs, which only a forced unmount may do, so it needs `force` on the
+        pod as that does (an asserted user: the opt-in too). Asked once the suspend has
+        found them, before anything changes; a GPU no process holds needs `delete` alone.
+
+        Except for the pod itself: a token bound to this very pod (`pod_uid`), as the
+        API server or a TokenReview vouches for it, suspends its own processes, as the
+        idle policy `suspend` does on the pod's own annotation (`%gpu suspend`). Whoever
+        holds that token runs in the pod, or could already exec into it."""
+        if _own_pod(identity, namespace, pod, pod_uid):
+            log.info(
+                "allow user=%s via=%s verb=force pod=%s/%s reason=its own pod's bound token",
+                identity.name,
+                identity.via,
+                namespace,
+                pod,
+            )
+            return
+        try:
+            self.require_force(identity, True, (namespace, pod))
+        except Forbidden as exc:
+            who = "1 process holds" if holders == 1 else f"{holders} processes hold"
+            raise Forbidden(
+                f"{exc.message}; {who} the GPUs of pod {namespace}/{pod}, and a suspend takes "
+                "them away as a forced unmount does; nothing was changed",
+                exc.details,
+            ) from exc
+
+
+def _own_pod(identity: Identity, namespace: str, pod: str, pod_uid: str) -> bool:
+    """The caller is the pod: a ServiceAccount of its namespace whose token is bound to
+    it, by name and UID (a token of an earlier pod of that name is not), in extras that
+    the API server (a front-proxy caller, or a TokenReview) gave, never another agent's
+    assertion."""
+    if identity.via not in ("token", "front-proxy"):
+        return False
+    user = identity.user
+    parts = user.username.split(":")
+    return (
+        len(parts) == 4
+        and user.username.startswith(SERVICE_ACCOUNT_PREFIX)
+        and parts[2] == namespace
+        and user.extra.get(POD_NAME_EXTRA) == [pod]
+        and bool(pod_uid)
+        and user.extra.get(POD_UID_EXTRA) == [pod_uid]
+    )
 
 
 def _refuse_unbound_service_account(user: UserInfo, resource: str, name: str) -> None:

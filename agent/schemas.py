@@ -383,7 +383,12 @@ class ResumeRequest(Request):
 
 
 class CheckpointedProcess(Model):
-    pid: int
+    """A process a suspend checkpointed (or a resume restored). `pid`: its PID in the
+    container's own PID namespace, as `ps` in the container shows it, never the host's;
+    null for a process of another PID namespace (one nested in the container's), or one
+    suspended by an agent that did not record it."""
+
+    pid: int | None
     gpu_bytes: int
 
 

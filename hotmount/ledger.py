@@ -113,11 +113,15 @@ class PendingOp(BaseModel):
 
 class CudaProcess(BaseModel):
     """A process a suspension checkpoints: its host PID and start time (a PID reused
-    since is not it), and the GPU memory NVML said it held."""
+    since is not it), and the GPU memory NVML said it held. `container_pid`: its PID in
+    the container's own PID namespace, the one results name (the host's is the node's,
+    not the tenant's to know); None for a process of another PID namespace, or one
+    recorded before it was kept."""
 
     pid: int
     start_time: int
     gpu_bytes: int = 0
+    container_pid: int | None = None
 
 
 class SuspendedGpu(BaseModel):

@@ -135,6 +135,26 @@ def read_proc(proc: str, pid: int, name: str, size: int) -> bytes:
         os.close(fd)
 
 
+def pid_namespace(proc: str, pid: int) -> str:
+    """The process's PID namespace, as `/proc/PID/ns/pid` names it (`pid:[inode]`)."""
+    try:
+        return os.readlink(f"{proc}/{pid}/ns/pid")
+    except (FileNotFoundError, ProcessLookupError) as exc:
+        raise ContainerNotFound(f"process {pid} has exited") from exc
+
+
+def pid_in(proc: str, pid: int, namespace: str) -> int | None:
+    """The host process `pid`'s PID in the PID namespace `namespace` (`pid_namespace`'s
+    name) when that is its own: the innermost of its `NSpid`. None for a process of any
+    other PID namespace, one nested inside it included (named by nothing, rather than
+    by a number the namespace's processes would not know it by)."""
+    if pid_namespace(proc, pid) != namespace:
+        return None
+    status = read_proc(proc, pid, "status", 65536)
+    line = next((x for x in status.splitlines() if x.startswith(b"NSpid:")), None)
+    return int(line.split()[-1]) if line else None
+
+
 def cgroups_of(proc: str, pid: int) -> CgroupPaths:
     return parse_proc_cgroup(read_proc(proc, pid, "cgroup", 65536).decode())
 

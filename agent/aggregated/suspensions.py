@@ -1,7 +1,9 @@
 """GPUMount's subresources `suspend` and `resume` (POST, a SuspendRequest or
 ResumeRequest as the body): the API server authorizes `create` on `gpumounts/suspend` or
 `gpumounts/resume` (a rule of their own in the shipped ClusterRoles), then the agent asks
-`delete` (suspend) or `create` (resume) on the pod, as for /v1's routes.
+`delete` (suspend) or `create` (resume) on the pod, as for /v1's routes; and for a
+suspend that finds processes holding the GPUs, `force` too (it takes the GPUs from them,
+as a forced unmount does).
 
 GET on the same paths answers the progress of the one running (OperationProgress in
 the object's status; agent/node/suspend_progress.py says why a polled GET): the API
@@ -39,7 +41,14 @@ def suspend_gpumount(
 
     def suspend() -> dict[str, Any]:
         done = suspending.suspend_pod(
-            namespace, pod, body.container, body.lock_timeout_seconds, caller.name
+            namespace,
+            pod,
+            body.container,
+            body.lock_timeout_seconds,
+            caller.name,
+            lambda target, holders: authz.require_taking_held(
+                caller, target.namespace, target.name, holders, target.uid
+            ),
         )
         return kube_object("GPUMount", pod, done, namespace)
 

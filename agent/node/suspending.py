@@ -16,6 +16,7 @@ named it, after the orphan grace if not); a resume finished keeps it with the mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.errors import AllocatedToPod, PinRefused, QuotaExceeded, Unschedulable
@@ -35,8 +36,11 @@ from hotmount.errors import DeviceClaimed
 from hotmount.ledger import DeviceRecord
 from hotmount.suspend.choose import NoGpuFree
 from hotmount.suspend.flow import Progress
+from hotmount.suspend.model import Listed
 from hotmount.suspend.model import ResumeResult as EngineResumeResult
 
+# The caller's check before a suspend takes a pod's GPUs from the processes holding them.
+TakeHeld = Callable[[PodInfo, int], None]
 # A pin refused because the GPU is no longer free: the resume tries another GPU of the
 # model (the engine's choice excludes the refused one), at most this often.
 PIN_ATTEMPTS = 4
@@ -61,8 +65,17 @@ class Suspending:
         )
 
     def suspend_pod(
-        self, namespace: str, pod: str, container: str | None, lock_timeout: float, user: str
+        self,
+        namespace: str,
+        pod: str,
+        container: str | None,
+        lock_timeout: float,
+        user: str,
+        may_take: TakeHeld,
     ) -> SuspendResult:
+        """`may_take(pod, n)`: the caller's check before the suspension takes the GPUs
+        from the `n` processes found holding them (the routes': `force` on the pod);
+        raising refuses it with nothing changed. Not asked when no process holds them."""
         with measure(self.metrics, "suspend"):
             info, chosen = self.targets.container(namespace, pod, container)
             assert chosen.container_id is not None
@@ -70,11 +83,13 @@ class Suspending:
                 holders = self.holders.named_in(chosen.container_id)
                 with self.in_flight.track(namespace, pod, "suspend", chosen.name) as progress:
                     done = self.engine.suspender.suspend(
-                        chosen.container_id, lock_timeout=lock_timeout, progress=progress
+                        chosen.container_id,
+                        lock_timeout=lock_timeout,
+                        progress=progress,
+                        held=lambda processes: may_take(info, len(processes)),
                     )
                 released = self.holders.release(namespace, holders)
-            processes = [CheckpointedProcess(pid=p["pid"], gpu_bytes=p["gpuBytes"])
-                         for p in done.processes]  # fmt: skip
+            processes = _checkpointed(done.processes)
             moved = sum(p.gpu_bytes for p in processes)
             record_event(
                 self.kube,
@@ -117,10 +132,7 @@ class Suspending:
                 container=chosen.name,
                 container_id=chosen.container_id,
                 resumed=done.onto,
-                processes=[
-                    CheckpointedProcess(pid=p["pid"], gpu_bytes=p["gpuBytes"])
-                    for p in done.processes
-                ],
+                processes=_checkpointed(done.processes),
             )
 
     def _resume_pinned(
@@ -198,6 +210,14 @@ class Suspending:
             except AllocatedToPod:
                 taken.add(device.key)
         return frozenset(taken)
+
+
+def _checkpointed(processes: list[Listed]) -> list[CheckpointedProcess]:
+    """The engine's processes as a tenant sees them: by their PID in the container (the
+    host's PID is the node's business, kept in the ledger and the agent's log)."""
+    return [
+        CheckpointedProcess(pid=p["containerPid"], gpu_bytes=p["gpuBytes"] or 0) for p in processes
+    ]
 
 
 def _by_old(plan: dict[str, str], made: dict[str, Holder]) -> list[tuple[str, Holder]]:

@@ -113,11 +113,20 @@ def suspend(
     suspending: Suspending,
     gateway: Gate,
 ) -> SuspendResult | Any:
-    """Takes the pod's GPUs away as an unmount does: the verb is `delete`."""
+    """Takes the pod's GPUs away as an unmount does: the verb is `delete`; and from the
+    processes holding them, as a forced unmount does: then `force` too, asked once the
+    suspend has found them (before anything changes)."""
     authz.require(caller, "delete", namespace, pod)
     return local_or_forward(
         lambda: suspending.suspend_pod(
-            namespace, pod, body.container, body.lock_timeout_seconds, caller.name
+            namespace,
+            pod,
+            body.container,
+            body.lock_timeout_seconds,
+            caller.name,
+            lambda target, holders: authz.require_taking_held(
+                caller, target.namespace, target.name, holders, target.uid
+            ),
         ),
         request,
         caller,

@@ -47,7 +47,9 @@ def suspend(
     """Take a pod's hot-mounted GPUs away, keeping its processes and their GPU memory.
 
     Each CUDA process is checkpointed: its GPU memory moves into its host memory (the
-    container's memory limit must have room) and the GPU goes back to the node.
+    container's memory limit must have room) and the GPU goes back to the node. Taking
+    a GPU from processes that hold it needs the verb force on gpumounts
+    (hotmount-admin), as a forced unmount does.
 
     \b
     Example:

@@ -2,13 +2,17 @@
 their GPU memory moved into host memory. Resume: mount a GPU of the same model and
 restore every suspended process onto it.
 
-Suspend: find the processes (fds on the GPUs' nodes, NVML's lists), check the memory
+Suspend: find the processes (fds on the GPUs' nodes, NVML's lists), let the caller
+refuse to take the GPUs from them (`held`: the agent's `force` check), check the memory
 cgroup's room, then lock each (a bounded wait), checkpoint each, check that nothing
 holds a node that leaves, and unmount. Resume: choose the GPUs, mount them, restore,
 unlock. The ledger's `suspension` is written before each step: a crash part-way is
 finished or rolled back by `reconcile`, and no process is left LOCKED (holding the GPU,
-its CUDA calls blocked). A process is named to the driver by host PID only while a pidfd
-shows it alive, and in reconcile only with its recorded start time, in the container.
+its CUDA calls blocked). The driver's API takes a PID, not a pidfd: a process is named
+to it by host PID right after its pidfd (opened before the scan) shows it alive, and in
+reconcile only with its recorded start time, in the container; what happens between
+that look and the driver's own lookup of the PID is not ours to close. Results name
+each process by its PID in the container's PID namespace, never the host's.
 
 The container's operation lock is taken by each engine step (mount, unmount, a record
 update); a second lock of its own (`<key>#suspend`) keeps suspensions and resumes of one
@@ -38,6 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, dict[str, object]], None]
+# The caller's say before a suspension takes the GPUs from the processes holding them
+# (called only when there are any, before anything changes): raising refuses it.
+Held = Callable[[list[CudaProcess]], None]
 # The mount metadata that names a holder or pin pod (agent/node/pins.py): released by the
 # caller on suspend, so a resume does not name it again (it names the pin the caller made
 # for the GPU it mounts, given as `pins`).
@@ -72,7 +79,12 @@ class Suspender:
         *,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         progress: Progress = _quiet,
+        held: Held | None = None,
     ) -> SuspendResult:
+        """`held`: called with the processes found holding the GPUs, if any, before
+        anything changes; what it raises refuses the suspension, nothing changed (the
+        agent's `force` check: taking a GPU from its holders is what a forced unmount
+        does). None: no one to ask (the idle policy `suspend`, the pod's own choice)."""
         engine = self.engine
         container, alive = engine._enter(ref)
         with alive, self._suspend_lock(container.key):
@@ -96,6 +108,7 @@ class Suspender:
                 )
             leaving = plan.nodes_to_remove(record, keys)
             numbers = {(n.major, n.minor) for n in leaving}
+            own = liveness.pid_namespace(engine._proc, container.init_pid)
             with Pinned.pin(container.pids) as pinned:
                 found = {h.pid for h in pinned.holders(engine.host.proc, numbers)}
                 found |= set(view.processes) & set(pinned.pids)
@@ -104,9 +117,12 @@ class Suspender:
                         pid=pid,
                         start_time=liveness.start_time(engine._proc, pid),
                         gpu_bytes=view.processes.get(pid, 0),
+                        container_pid=liveness.pid_in(engine._proc, pid, own),
                     )
                     for pid in sorted(found)
                 ]
+                if processes and held is not None:
+                    held(processes)
                 need = sum(p.gpu_bytes for p in processes)
                 room = memory.room(engine.host, container.init_pid)
                 choose.require_room(need, room, container.key)

@@ -7,15 +7,20 @@ from dataclasses import dataclass, field
 from hotmount.devices.model import Device, DeviceKind
 from hotmount.ledger import CudaProcess
 
+# A process in a result: {"pid": host PID, "containerPid": its PID in the container's
+# PID namespace or None, "gpuBytes": its GPU memory}. The agent tells tenants the
+# container's PID only (agent/node/suspending.py).
+Listed = dict[str, int | None]
+
 
 @dataclass
 class SuspendResult:
     container: dict[str, object]
     devices: list[str]
-    processes: list[dict[str, int]] = field(default_factory=list)
+    processes: list[Listed] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
-        moved = sum(p["gpuBytes"] for p in self.processes)
+        moved = sum(p["gpuBytes"] or 0 for p in self.processes)
         return {
             "container": self.container,
             "suspended": self.devices,
@@ -28,7 +33,7 @@ class SuspendResult:
 class ResumeResult:
     container: dict[str, object]
     onto: dict[str, str]  # old key -> the key it resumed onto
-    processes: list[dict[str, int]] = field(default_factory=list)
+    processes: list[Listed] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return {"container": self.container, "resumed": self.onto, "processes": self.processes}
@@ -42,5 +47,7 @@ def gpu_uuid(device: Device) -> str | None:
     return name if device.kind is DeviceKind.CDI and name.startswith("GPU-") else None
 
 
-def listing(processes: list[CudaProcess]) -> list[dict[str, int]]:
-    return [{"pid": p.pid, "gpuBytes": p.gpu_bytes} for p in processes]
+def listing(processes: list[CudaProcess]) -> list[Listed]:
+    return [
+        {"pid": p.pid, "containerPid": p.container_pid, "gpuBytes": p.gpu_bytes} for p in processes
+    ]

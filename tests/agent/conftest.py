@@ -206,9 +206,13 @@ class Cluster:
         return agent
 
     def aggregated_agent(
-        self, node: str = "node-a", extra: list[str] | None = None
+        self,
+        node: str = "node-a",
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> AggregatedAgent:
-        """A TLS agent registered as the API server's `hotmount.io` backend.
+        """A TLS agent registered as the API server's `hotmount.io` backend (`env`: as
+        for `agent`).
 
         The front proxy is configured before the agent starts: the agent reads the
         request-header CA from kube-system/extension-apiserver-authentication at startup.
@@ -223,7 +227,7 @@ class Cluster:
                 backend_url=f"https://127.0.0.1:{port}", client=front_proxy, backend_ca=serving.ca
             )
         )
-        agent = self.agent(node, extra=extra, port=port, tls=serving)
+        agent = self.agent(node, extra=extra, port=port, tls=serving, env=env)
         return AggregatedAgent(agent, serving, front_proxy, requestheader_ca)
 
     def api(self, token: str | None = None) -> httpx.Client:

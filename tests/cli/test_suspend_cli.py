@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.agent.conftest import ALICE
+from tests.agent.conftest import ALICE, DANA
 from tests.cli.conftest import Run
-from tests.support.cuda_standin import MODEL, A, B, status
+from tests.support.cuda_standin import MODEL, A, B, container_pid, status
 from tests.support.suspend_world import PODS, World, standin_fixture, world_fixture  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.kernel
@@ -33,7 +33,8 @@ def test_suspend_then_resume(world: World, nvcli: Callable[..., Run]) -> None:
     back = nvcli("resume", "--name", "nb", "-o", "json", *flags)
     assert back.rc == 0, back.err
     assert back.json()["resumed"] == {A: A} and back.err == ""  # quiet: JSON alone
-    assert back.json()["processes"] == [{"pid": pid, "gpuBytes": 512 << 20}]
+    # the PID the container sees, never the host's
+    assert back.json()["processes"] == [{"pid": container_pid(pid), "gpuBytes": 512 << 20}]
     assert status(container) == "running /dev/nvidia0 pattern=ok"
 
 
@@ -49,6 +50,17 @@ def test_no_gpu_free_exits_3_and_says_so(world: World, nvcli: Callable[..., Run]
     refused = nvcli("resume", "--name", "nb", *flags)
     assert refused.rc == 3, refused.err
     assert f"no GPU of model {MODEL} is free on this node" in refused.err
+
+
+def test_a_held_gpu_without_force_exits_5_and_names_the_role(
+    world: World, nvcli: Callable[..., Run]
+) -> None:
+    container, _ = world.notebook()
+    flags = ["--agent", world.agent.url, "--token", DANA, "-n", "default"]
+    refused = nvcli("suspend", "--name", "nb", *flags)
+    assert refused.rc == 5, refused.err
+    assert "ask for force on gpumounts.hotmount.io in namespace default" in refused.err
+    assert status(container) == "running /dev/nvidia0 pattern=ok"
 
 
 def test_suspend_needs_a_pod(nvcli: Callable[..., Run]) -> None:

@@ -35,6 +35,7 @@ from tests.support.cuda_standin import (
     B,
     StandIn,
     build_standin,
+    container_pid,
     gpu_fds,
     nvml_config,
     start_cuda,
@@ -146,7 +147,9 @@ def test_suspend_then_resume_onto_the_same_gpu(node: Node, pod: Setup, mode: str
 
     done = node.run("suspend", container)
     assert done["ok"]["suspended"] == [A], done
-    assert done["ok"]["processes"] == [{"pid": pid, "gpuBytes": 512 << 20}]
+    # the host PID for the node (the agent), and the one the container sees (tenants)
+    expected = {"pid": pid, "containerPid": container_pid(pid), "gpuBytes": 512 << 20}
+    assert done["ok"]["processes"] == [expected]
     assert status(container) == "checkpointed - pattern=ok"
     assert gpu_fds(pid) == []  # alive, holding no GPU
     assert container.open_result("/dev/nvidia0") == "ENOENT"  # the GPU left the container
@@ -154,7 +157,9 @@ def test_suspend_then_resume_onto_the_same_gpu(node: Node, pod: Setup, mode: str
     assert A not in engine.holders()  # its claim released: the GPU is the node's again
     saved = engine.ledger.load(container.id)
     assert list(saved.suspended) == [A] and saved.suspension is None
-    assert [p.pid for p in saved.suspended_processes] == [pid]
+    assert [(p.pid, p.container_pid) for p in saved.suspended_processes] == [
+        (pid, container_pid(pid))
+    ]
 
     back = node.run("resume", container)
     assert back["ok"]["resumed"] == {A: A}, back

@@ -71,6 +71,15 @@ def pids_of(container: RuncContainer, command: str) -> list[int]:
     return sorted(set(found))
 
 
+def container_pid(host_pid: int) -> int:
+    """The PID the container's own processes see for `host_pid`: the innermost of its
+    `NSpid` (a runc container has a PID namespace of its own)."""
+    status = Path(f"/proc/{host_pid}/status").read_text()
+    nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+    assert len(nspid) == 2, nspid  # the host's and the container's
+    return int(nspid[-1])
+
+
 def status(container: RuncContainer, name: str = "a") -> str:
     return container.exec("cat", f"/tmp/{name}.status").stdout.strip()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.conftest import ALICE, Cluster
+from tests.agent.conftest import ALICE, AggregatedAgent, Cluster
 from tests.fakes import nvml
 from tests.support.agent import AgentProcess
 from tests.support.cuda_standin import A, StandIn, build_standin, nvml_config, start_cuda
@@ -64,6 +64,14 @@ class World:
     def restart(self) -> None:
         """Another agent on the same state (the last one stopped or killed)."""
         self.agent = self.cluster.agent(extra=self._extra, env=self._env)
+
+    def behind_the_api_server(self) -> AggregatedAgent:
+        """The agent stopped, and another started on the same state as the API server's
+        `hotmount.io` backend (the aggregated API: calls through `cluster.api(token)`)."""
+        self.agent.stop()
+        backend = self.cluster.aggregated_agent(extra=self._extra, env=self._env)
+        self.agent = backend.agent
+        return backend
 
     def second_process(self, container: RuncContainer, first: int) -> list[int]:
         """Another CUDA process in the notebook's container, on GPU A too (512 MiB each

@@ -108,3 +108,78 @@ def test_an_assertion_never_carries_a_privileged_group() -> None:
         headers.setdefault(name, []).append(value)
     assert headers[ASSERT_GROUP] == ["ops", "system:authenticated"]
     assert asserted_user("admin", headers).groups == ["ops", "system:authenticated"]
+
+
+UID = "6b1a7c3e-0000-4000-8000-000000000001"  # pod default/nb's
+NOTEBOOK = "system:serviceaccount:default:notebook"
+BOUND = {
+    "authentication.kubernetes.io/pod-name": ["nb"],
+    "authentication.kubernetes.io/pod-uid": [UID],
+}
+
+
+class ForceReviews:
+    """Allows every verb but `force`, as the shipped hotmount-user does."""
+
+    def __init__(self) -> None:
+        self.verbs: list[str] = []
+
+    def subject_access_review(
+        self, user: UserInfo, verb: str, *args: Any, **kwargs: Any
+    ) -> tuple[bool, str]:
+        self.verbs.append(verb)
+        return verb != "force", ""
+
+
+@pytest.mark.parametrize("via", ["token", "front-proxy", "gateway"])
+def test_taking_a_held_gpu_by_suspend_is_force(via: str) -> None:
+    """A suspend that found processes holding the GPUs asks `force`, as a forced unmount
+    does; an asserted user is refused before any review without the opt-in."""
+    reviews = ForceReviews()
+    authorizer = Authorizer(reviews, ttl=0)  # type: ignore[arg-type]
+    identity = Identity(UserInfo("dana", ["team-a"], "", {}), via)
+    with pytest.raises(Forbidden) as refused:
+        authorizer.require_taking_held(identity, "default", "nb", 2, UID)
+    assert "2 processes hold the GPUs of pod default/nb" in refused.value.message
+    assert "nothing was changed" in refused.value.message
+    assert reviews.verbs == ([] if via == "gateway" else ["force"])
+
+
+def test_a_trusted_caller_takes_a_held_gpu_unasked() -> None:
+    reviews = ForceReviews()
+    authorizer = Authorizer(reviews, ttl=0)  # type: ignore[arg-type]
+    root = Identity(UserInfo("system:node-root", [], "", {}), "unix", trusted=True)
+    authorizer.require_taking_held(root, "default", "nb", 1, UID)
+    assert reviews.verbs == []
+
+
+@pytest.mark.parametrize(
+    ("user", "via", "asks_force"),
+    [
+        (UserInfo(NOTEBOOK, [], "", BOUND), "token", False),
+        (UserInfo(NOTEBOOK, [], "", BOUND), "front-proxy", False),
+        (UserInfo(NOTEBOOK, [], "", BOUND), "gateway", None),  # asserted: refused unasked
+        (UserInfo(NOTEBOOK, [], "", {**BOUND, "authentication.kubernetes.io/pod-uid": ["x"]}),
+         "token", True),  # an earlier pod of the same name
+        (UserInfo(NOTEBOOK, [], "", {"authentication.kubernetes.io/pod-name": ["nb"]}),
+         "token", True),  # no UID to prove it
+        (UserInfo("system:serviceaccount:other:notebook", [], "", BOUND), "token", True),
+        (UserInfo("dana", [], "", BOUND), "front-proxy", True),  # not a ServiceAccount
+    ],
+    ids=["own-token", "own-through-api-server", "asserted", "old-pod", "no-uid",
+         "other-namespace", "a-person"],
+)  # fmt: skip
+def test_the_pod_itself_suspends_its_own_processes(
+    user: UserInfo, via: str, asks_force: bool | None
+) -> None:
+    """A token bound to the pod (name and UID) suspends it without `force`: the pod acts
+    on itself, as the idle policy `suspend` does; anyone else is asked `force`."""
+    reviews = ForceReviews()
+    authorizer = Authorizer(reviews, ttl=0)  # type: ignore[arg-type]
+    identity = Identity(user, via)
+    if asks_force is False:
+        authorizer.require_taking_held(identity, "default", "nb", 1, UID)
+    else:
+        with pytest.raises(Forbidden):
+            authorizer.require_taking_held(identity, "default", "nb", 1, UID)
+    assert reviews.verbs == (["force"] if asks_force else [])
