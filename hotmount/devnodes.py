@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import os
 import stat
@@ -107,7 +106,8 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# The process's own symbols, libc among them: find_library("c") would run ldconfig at import.
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 _HOW_SIZE = ctypes.sizeof(_OpenHow)

@@ -10,7 +10,6 @@ with the verifier log on, and the log goes into the error.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import platform
@@ -153,7 +152,8 @@ class MapInfoStruct(ctypes.Structure):
     ]
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# The process's own symbols, libc among them: find_library("c") would run ldconfig at import.
+_libc = ctypes.CDLL(None, use_errno=True)
 _NR_BPF = SYS_BPF.get(platform.machine())
 
 

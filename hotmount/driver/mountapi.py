@@ -18,7 +18,6 @@ host's root. Instead (kernel 5.12+ for mount_setattr):
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 from collections.abc import Callable
@@ -48,7 +47,8 @@ class _MountAttr(ctypes.Structure):  # include/uapi/linux/mount.h: struct mount_
     ]
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# The process's own symbols, libc among them: find_library("c") would run ldconfig at import.
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> int:
