@@ -24,18 +24,21 @@ import yaml
 from kubernetes import client
 
 from agent.config import load_settings
-from agent.kube.client import PodInfo
+from agent.kube.client import PodInfo, hand_over_patch
 from agent.node.dra import GPU_CLASS, MIG_CLASS, with_claim
-from agent.node.holders import HolderPods, Role, holder_priority_class
+from agent.node.holders import HOLDER_LABEL, HolderPods, Role, holder_priority_class
 from agent.node.holders import holder_manifest as agent_holder_manifest
 from agent.node.pins import pin_claim_manifest
 from tests.deploy.admission import admission_request, denials, unknown_fields
 from tests.deploy.admission_cases import (
     GPU_UUID,
+    HAND_OVER,
     HOSTILE,
     HOSTILE_CLAIMS,
+    HOSTILE_UPDATES,
     agent_pod_for,
     agents_objects,
+    merge_patch,
 )
 from tests.deploy.support import (
     CHART,
@@ -228,17 +231,39 @@ def test_the_pin_of_a_named_mount_is_admitted_and_so_is_its_dra_form():
     assert create(as_admitted(claimed)) == []
 
 
+def agents_pods(argv: list[str] | None = None) -> dict[str, Obj]:
+    """The pods the agent makes for TARGET, as validating admission sees them."""
+    pods, _ = agents_objects(static_argv() if argv is None else argv, TARGET)
+    return {shape: as_admitted(pod) for shape, pod in pods.items()}
+
+
+def update(new: Obj, old: Obj, user: str = AGENT, policy: Obj = POLICY) -> list[str]:
+    return denials(policy, admission_request("UPDATE", user, new, old))
+
+
 def test_a_move_hands_a_pin_over_but_never_to_a_pod_its_label_does_not_name():
-    """The hand-over is one merge patch of the holder-for label and the owner reference;
-    the policy admits it only while both name the same pod."""
-    old = as_admitted(holder_manifest())
-    new = copy.deepcopy(old)
-    new["metadata"]["labels"]["hotmount.io/holder-for"] = "other-notebook"
-    [owner] = new["metadata"]["ownerReferences"]
-    owner.update(name="other-notebook", uid=str(uuid.uuid4()))
-    assert denials(POLICY, admission_request("UPDATE", AGENT, new, old)) == []
-    owner["name"] = "someone-else"
-    assert denials(POLICY, admission_request("UPDATE", AGENT, new, old)) != []
+    """The hand-over is one merge patch of the holder-for label and the owner reference
+    (agent/kube/client.py, hand_over); the policy admits it only while both name the
+    same pod."""
+    for shape in ("pin", "DRA pin"):
+        old = agents_pods()[shape]
+        new = merge_patch(old, HAND_OVER)
+        assert new["metadata"]["labels"]["hotmount.io/holder-for"] == "other-notebook"
+        assert update(new, old) == [], shape
+        new["metadata"]["ownerReferences"][0]["name"] = "someone-else"
+        assert update(new, old) != [], shape
+
+
+def test_the_agents_own_hand_over_is_what_the_policy_admits():
+    """The patch the move sends, built by the agent's code, is the table's HAND_OVER."""
+    other = replace(TARGET, name="other-notebook", uid=str(uuid.uuid4()))
+    pin = agents_pods()["pin"]
+    # agent/node/moves.py: the pin's labels as read, holder-for the move's target
+    labels = {**pin["metadata"]["labels"], HOLDER_LABEL: other.name}
+    patch = hand_over_patch(labels, other)
+    assert update(merge_patch(pin, patch), pin) == []
+    assert patch.keys() == HAND_OVER.keys()
+    assert patch["metadata"].keys() == HAND_OVER["metadata"].keys()
 
 
 def test_a_blocker_is_admitted_only_in_the_agents_namespace_and_only_as_a_blocker():
@@ -281,6 +306,22 @@ def test_a_hostile_pod_from_the_agent_is_denied(case: str):
 
     assert denied, f"{case} was admitted"
     assert any(reason in message for message in denied), denied
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_UPDATES), ids=sorted(HOSTILE_UPDATES))
+def test_a_hostile_change_from_the_agent_is_denied(case: str):
+    """Issue 40: a change never makes a holder of a pod that was none, nor anything but a
+    pin of a pin; before, the agent's account could label any pod a holder and own it by
+    a pod that does not exist (then the garbage collector, or the account, deleted it)."""
+    hostile = HOSTILE_UPDATES[case]
+    old = hostile.old(agents_pods())
+    new = merge_patch(old, hostile.patch)
+
+    denied = update(new, old)
+
+    assert denied, f"{case} was admitted"
+    assert any(hostile.reason in message for message in denied), denied
+    assert update(new, old, user="system:serviceaccount:payments:default") == []
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE), ids=sorted(HOSTILE))
