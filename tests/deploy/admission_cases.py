@@ -4,8 +4,9 @@ One table, two evaluators: tests/deploy/test_admission_policy.py runs the polici
 cel-python against these, and tests/k8s/test_22_admission_policy.py sends them to a real
 API server as the agent's ServiceAccount. Each hostile change is applied to an object the
 agent's own code built and names what the policy must refuse it for (a part of the
-denying validation's message). HOSTILE_UPDATES are changes (UPDATE) rather than creations:
-a JSON merge patch the agent's account sends to a pod that exists, as its owner made it.
+denying validation's message). HOSTILE_BLOCKERS change the agent's blocker rather than its
+count holder. HOSTILE_UPDATES are changes (UPDATE) rather than creations: a JSON merge
+patch the agent's account sends to a pod that exists, as its owner made it.
 """
 
 from __future__ import annotations
@@ -329,6 +330,28 @@ HOSTILE: dict[str, tuple[Change, str]] = {
 }
 
 
+# -- hostile blockers ------------------------------------------------------------------------
+
+
+def _without_class(pod: Obj) -> None:
+    """No class, so none of preemptionPolicy Never: the Priority admission plugin gives it
+    PreemptLowerPriority (or the cluster's globalDefault class's)."""
+    pod["spec"].pop("priorityClassName", None)
+    pod["spec"].pop("preemptionPolicy", None)
+
+
+# Applied to the agent's blocker as it sends it: the Priority admission plugin then gives
+# it its class's preemptionPolicy before the policy sees it. A blocker counts against no
+# quota (it lives in the agent's namespace): one that may preempt could evict any pod of
+# lower priority on the node.
+HOSTILE_BLOCKERS: dict[str, tuple[Change, str]] = {
+    "a blocker that may preempt (no class of preemptionPolicy Never)": (
+        _without_class,
+        "a blocker preempts no pod",
+    ),
+}
+
+
 # -- hostile ResourceClaims (DRA) ---------------------------------------------------------
 
 
@@ -471,10 +494,9 @@ _STAYS_A_PIN = "a pin stays a pin"
 _HOLDER_LABELS = {"app.kubernetes.io/managed-by": "gpu-hotmount", "hotmount.io/holder-for": "ghost"}
 
 
-def _labels(**labels: str | None) -> Obj:
-    """A merge patch of labels, their keys spelt with _ for . and / (None removes one)."""
-    keys = {"managed_by": "app.kubernetes.io/managed-by", "role": "hotmount.io/role"}
-    return {"metadata": {"labels": {keys.get(k, k): v for k, v in labels.items()}}}
+def _labels(labels: dict[str, str | None]) -> Obj:
+    """A merge patch of these labels (None removes one)."""
+    return {"metadata": {"labels": labels}}
 
 
 def _handed_to(owner: Obj) -> Obj:
@@ -493,7 +515,7 @@ HOSTILE_UPDATES: dict[str, HostileUpdate] = {
     ),
     "UPDATE makes a non-holder a pin, its own labels gone": HostileUpdate(
         merge_patch(
-            _labels(app=None, role="pin", **_HOLDER_LABELS),
+            _labels({"app": None, **_HOLDER_LABELS, "hotmount.io/role": "pin"}),
             {"metadata": {"ownerReferences": [_pod_owner("ghost")]}},
         ),
         _MAKES_NO_HOLDER,
@@ -503,7 +525,7 @@ HOSTILE_UPDATES: dict[str, HostileUpdate] = {
         HAND_OVER, _MAKES_NO_HOLDER, _set("metadata.name", "db-0")
     ),
     "UPDATE claims a pin-shaped pod of another manager": HostileUpdate(
-        _labels(managed_by="gpu-hotmount"),
+        _labels({"app.kubernetes.io/managed-by": "gpu-hotmount"}),
         _MAKES_NO_HOLDER,
         _relabelled({"app.kubernetes.io/managed-by": "helm"}),
     ),
@@ -512,12 +534,16 @@ HOSTILE_UPDATES: dict[str, HostileUpdate] = {
         HAND_OVER, _MAKES_NO_HOLDER, base="count holder"
     ),
     "UPDATE hands over a blocker": HostileUpdate(HAND_OVER, _MAKES_NO_HOLDER, base="blocker"),
-    "UPDATE turns a pin into a count holder": HostileUpdate(_labels(role="count"), _STAYS_A_PIN),
-    "UPDATE turns a pin into a blocker": HostileUpdate(_labels(role="blocker"), _STAYS_A_PIN),
-    "UPDATE drops a pin's role": HostileUpdate(_labels(role=None), _STAYS_A_PIN),
+    "UPDATE turns a pin into a count holder": HostileUpdate(
+        _labels({"hotmount.io/role": "count"}), _STAYS_A_PIN
+    ),
+    "UPDATE turns a pin into a blocker": HostileUpdate(
+        _labels({"hotmount.io/role": "blocker"}), _STAYS_A_PIN
+    ),
+    "UPDATE drops a pin's role": HostileUpdate(_labels({"hotmount.io/role": None}), _STAYS_A_PIN),
     # Another label can put the pin under a tenant's ReplicaSet (whose selector it then
     # matches, with no controller owner) or behind a Service.
-    "UPDATE adds a label to a pin": HostileUpdate(_labels(app="postgres"), _STAYS_A_PIN),
+    "UPDATE adds a label to a pin": HostileUpdate(_labels({"app": "postgres"}), _STAYS_A_PIN),
     "UPDATE hands a pin to a Deployment": HostileUpdate(
         _handed_to({**_pod_owner("other-notebook"), "apiVersion": "apps/v1", "kind": "Deployment"}),
         "exactly one owner reference",

@@ -34,6 +34,7 @@ from tests.deploy.admission_cases import (
     GPU_UUID,
     HAND_OVER,
     HOSTILE,
+    HOSTILE_BLOCKERS,
     HOSTILE_CLAIMS,
     HOSTILE_UPDATES,
     agent_pod_for,
@@ -80,10 +81,20 @@ def holder_manifest(argv: list[str] | None = None, target: PodInfo = TARGET) -> 
     return agent_holder_manifest(settings, target, "hotmount-holder-notebook-abc123", 1)
 
 
-def as_admitted(manifest: Obj, default_class: str | None = None) -> Obj:
+# The plain manifests' blockers' class (10-priorityclass.yaml), of preemptionPolicy Never.
+BLOCKER_CLASS = load_settings(static_argv()).blocker_priority_class
+
+
+def as_admitted(
+    manifest: Obj,
+    default_class: str | None = None,
+    never: tuple[str | None, ...] = (BLOCKER_CLASS,),
+) -> Obj:
     """The pod as validating admission sees it: defaulted, ServiceAccount plugin applied,
     and the Priority plugin, which gives a pod without a class the cluster's globalDefault
-    PriorityClass (`default_class`) and every pod its class's value."""
+    PriorityClass (`default_class`) and every pod its class's value and preemptionPolicy
+    (Never for the classes `never` names, else PreemptLowerPriority). It refuses a pod
+    that names another preemptionPolicy than its class's: so does this."""
     pod = copy.deepcopy(manifest)
     spec = pod["spec"]
     spec.setdefault("serviceAccountName", "default")
@@ -95,7 +106,12 @@ def as_admitted(manifest: Obj, default_class: str | None = None) -> Obj:
     if default_class is not None:
         spec.setdefault("priorityClassName", default_class)
     spec["priority"] = 1000 if spec.get("priorityClassName") else 0
-    spec["preemptionPolicy"] = "PreemptLowerPriority"
+    computed = "Never" if spec.get("priorityClassName") in never else "PreemptLowerPriority"
+    sent = spec.get("preemptionPolicy", computed)
+    assert sent == computed, (
+        f"the Priority admission plugin refuses {sent}: the class gives {computed}"
+    )
+    spec["preemptionPolicy"] = computed
     for container in spec["containers"]:
         container.setdefault("terminationMessagePath", "/dev/termination-log")
         container.setdefault("terminationMessagePolicy", "File")
@@ -286,6 +302,35 @@ def test_a_blocker_is_admitted_only_in_the_agents_namespace_and_only_as_a_blocke
         )
     )
     assert any(message in m for m in create(pin_named_blocker))
+
+
+def test_a_blocker_preempts_no_pod_and_says_so():
+    """Item 8 of issue 40: a blocker counts against no quota, so it must not preempt. Its
+    class is the blockers' own, of preemptionPolicy Never; the pod names Never too, which
+    the Priority admission plugin accepts only from such a class. Pins and count holders
+    keep their target's class and the preemptionPolicy it gives (holder_priority_class
+    says why)."""
+    pods = agents_objects(static_argv(), TARGET)[0]
+    blocker = pods["blocker"]["spec"]
+    assert (blocker["priorityClassName"], blocker["preemptionPolicy"]) == (BLOCKER_CLASS, "Never")
+    assert "preemptionPolicy" not in pods["pin"]["spec"]
+    assert create(as_admitted(pods["blocker"])) == []
+    [priority_class] = [o for o in load_file(KUBE / "10-priorityclass.yaml")]
+    assert priority_class["kind"] == "PriorityClass"
+    assert priority_class["metadata"]["name"] == BLOCKER_CLASS
+    assert (priority_class["preemptionPolicy"], priority_class["globalDefault"]) == ("Never", False)
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_BLOCKERS), ids=sorted(HOSTILE_BLOCKERS))
+def test_a_hostile_blocker_from_the_agent_is_denied(case: str):
+    change, reason = HOSTILE_BLOCKERS[case]
+    blocker = copy.deepcopy(agents_objects(static_argv(), TARGET)[0]["blocker"])
+    change(blocker)
+
+    denied = create(as_admitted(blocker))
+
+    assert denied, f"{case} was admitted"
+    assert any(reason in message for message in denied), denied
 
 
 def test_the_agent_may_delete_a_holder():
@@ -497,11 +542,12 @@ def blocker_manifest(namespace: str = "gpu-hotmount", argv: list[str] | None = N
 def assert_all_admitted(
     argv: list[str], policy: Obj, claim_policy: Obj, user: str, agent_namespace: str
 ) -> None:
+    never = (load_settings(argv).blocker_priority_class,)
     for target_class in TARGET_CLASSES:
         target = replace(TARGET, priority_class_name=target_class)
         pods, claims = agents_objects(argv, target, agent_pod_for(target, agent_namespace))
         for shape, pod in pods.items():
-            denied = create(as_admitted(pod), user=user, policy=policy)
+            denied = create(as_admitted(pod, never=never), user=user, policy=policy)
             assert denied == [], (shape, target_class, denied)
         for shape, claim in claims.items():
             denied = create_claim(claim_as_admitted(claim), user=user, policy=claim_policy)
@@ -518,6 +564,24 @@ def test_the_charts_policies_admit_everything_its_agent_makes(name: str):
     argv, policy, claim_policy = rendered_with(CONFIGURATIONS[name])
     user = "system:serviceaccount:gpu-ops:hm-gpu-hotmount"
     assert_all_admitted(argv, policy, claim_policy, user, "gpu-ops")
+
+
+@needs_helm
+def test_a_blocker_of_a_class_that_may_preempt_is_refused():
+    """A class the operator lists for pins is no blocker's: one that may preempt (as a
+    class does unless it says Never) is refused, and so is an unlisted one."""
+    argv, policy, _ = rendered_with(CONFIGURATIONS["allowed classes and a fallback"])
+    user = "system:serviceaccount:gpu-ops:hm-gpu-hotmount"
+    never = (load_settings(argv).blocker_priority_class,)
+    assert never == ("hm-gpu-hotmount-blocker",)
+    blocker = agents_objects(argv, TARGET, agent_pod_for(TARGET, "gpu-ops"))[0]["blocker"]
+    assert create(as_admitted(blocker, never=never), user=user, policy=policy) == []
+    for listed in ("research-high", "gpu-pins", "system-node-critical"):
+        changed = copy.deepcopy(blocker)
+        changed["spec"]["priorityClassName"] = listed
+        del changed["spec"]["preemptionPolicy"]
+        denied = create(as_admitted(changed, never=never), user=user, policy=policy)
+        assert any("a blocker preempts no pod" in m for m in denied), (listed, denied)
 
 
 @needs_helm
@@ -585,7 +649,7 @@ POD_FIELDS_ADMITTED = {
     "hostPID": "false only",
     "hostUsers": "either value: true is every pod's default, false confines more",
     "overhead": "filled by the RuntimeClass admission plugin",
-    "preemptionPolicy": "filled by the Priority admission plugin from the class",
+    "preemptionPolicy": "filled by the Priority admission plugin from the class (Never: blockers)",
     "priority": "filled by the Priority admission plugin from the class",
     "priorityClassName": "listed ones only",
     "resourceClaims": "the pin's own claim only",

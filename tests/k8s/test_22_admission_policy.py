@@ -32,6 +32,7 @@ from tests.deploy.admission import admission_request, denials
 from tests.deploy.admission_cases import (
     HAND_OVER,
     HOSTILE,
+    HOSTILE_BLOCKERS,
     HOSTILE_CLAIMS,
     HOSTILE_UPDATES,
     Obj,
@@ -344,7 +345,9 @@ def test_every_object_the_agent_makes_is_admitted_and_may_be_deleted(
     node: Node, as_agent: AsAgent, agents: Any
 ) -> None:
     """Count holder, blocker, pin and DRA pin, the GPU and MIG claims: created as the agent
-    and deleted as the agent (a DRA pin's claim first, as the agent makes them)."""
+    and deleted as the agent (a DRA pin's claim first, as the agent makes them). The
+    blocker is of the chart's blockers' class, which the Priority admission plugin accepts
+    only because that class's preemptionPolicy is the blocker's Never."""
     pods, claims = agents()
     ordered = [claims["GPU claim"], claims["MIG claim"], *pods.values()]
     created: list[Obj] = []
@@ -354,6 +357,10 @@ def test_every_object_the_agent_makes_is_admitted_and_may_be_deleted(
             answer = as_agent.create(obj)
             assert answer.status == 201, (obj["metadata"]["name"], answer)
             created.append(obj)
+        # the chart's blockers' class gave the blocker its preemptionPolicy (issue 40, 8)
+        blocker = pods["blocker"]["metadata"]
+        held = flows.get_pod(node, blocker["name"], blocker["namespace"])
+        assert held is not None and held["spec"]["preemptionPolicy"] == "Never", held
         for obj in reversed(created):
             answer = as_agent.delete(obj)
             assert answer.status in (200, 202, 404), (obj["metadata"]["name"], answer)
@@ -428,6 +435,19 @@ def test_a_hostile_pod_from_the_agent_is_refused_by_the_api_server(
     pod = copy.deepcopy(agents()[0]["count holder"])
     change(pod)
     _expect_refused(node, as_agent, case, pod, reason, REFUSED_BEFORE_THE_POLICY)
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_BLOCKERS), ids=sorted(HOSTILE_BLOCKERS))
+def test_a_hostile_blocker_from_the_agent_is_refused_by_the_api_server(
+    case: str, node: Node, as_agent: AsAgent, agents: Any
+) -> None:
+    """The Priority admission plugin gives the blocker its class's preemptionPolicy (none:
+    PreemptLowerPriority) before the policy refuses it; the agent's own blocker, of the
+    chart's class of Never, is admitted above."""
+    change, reason = HOSTILE_BLOCKERS[case]
+    blocker = copy.deepcopy(agents()[0]["blocker"])
+    change(blocker)
+    _expect_refused(node, as_agent, case, blocker, reason, {})
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_CLAIMS), ids=sorted(HOSTILE_CLAIMS))
