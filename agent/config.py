@@ -202,6 +202,12 @@ class AgentSettings(BaseSettings):
         "admission policy allows (default: none)",
         json_schema_extra={"metavar": "CLASS"},
     )
+    blocker_priority_class: str | None = Field(
+        default=None,
+        description="priority class of the blockers, one of preemptionPolicy Never: a blocker "
+        "then preempts no pod (the chart makes it; default: none, a blocker takes a class as "
+        "a holder does)",
+    )
     holder_runtime_class: str | None = Field(
         default=None, description="runtime class of the holder and pin pods (default: none)"
     )

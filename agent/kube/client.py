@@ -194,12 +194,7 @@ class KubeClient:
     def hand_over(self, namespace: str, name: str, labels: dict[str, str], owner: PodInfo) -> None:
         """Make pod `name` stand for `owner`: its labels and its one owner reference, in one
         patch (the admission policy checks that both agree)."""
-        patch = {
-            "metadata": {
-                "labels": labels,
-                "ownerReferences": [owner_reference(owner)],
-            }
-        }
+        patch = hand_over_patch(labels, owner)
         try:
             # A JSON merge patch replaces the owner list; a strategic merge would add the
             # new owner beside the old, and the old one's deletion would take the pin along.
@@ -378,6 +373,12 @@ def _pinned_node(spec: client.V1PodSpec) -> str | None:
             if field_.key == "metadata.name" and field_.operator == "In" and field_.values:
                 return str(field_.values[0])
     return (spec.node_selector or {}).get("kubernetes.io/hostname")
+
+
+def hand_over_patch(labels: dict[str, str], owner: PodInfo) -> dict[str, object]:
+    """The one change the agent makes to a pod: a pin's labels and its one owner reference,
+    as a JSON merge patch (the admission policy admits this change of a pin, and no other)."""
+    return {"metadata": {"labels": labels, "ownerReferences": [owner_reference(owner)]}}
 
 
 def owner_reference(owner: PodInfo) -> dict[str, object]:

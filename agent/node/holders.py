@@ -64,6 +64,16 @@ def holder_priority_class(settings: AgentSettings, target: PodInfo) -> str | Non
     A pin of lower priority than its pod could be preempted by any GPU pod, and reconcile
     would then take the GPU back from the tenant; but the admission policy refuses every
     class not listed (one could preempt anything), so an unlisted class is never sent.
+
+    A holder's or pin's preemptionPolicy is its class's: a pod cannot choose its own (the
+    Priority admission plugin refuses a pod whose preemptionPolicy differs from the one
+    its class gives, PreemptLowerPriority without a class). So a holder or pin may preempt
+    what a pod of its target's class may, which the tenant's own GPU pod could do too: it
+    stands for GPUs the tenant asked for, charged to the tenant's namespace's quota, and a
+    pin is made only for a GPU the kubelet counts free. An operator who wants them never
+    to preempt lists classes of preemptionPolicy Never. Blockers differ: they are the
+    agent's, in its own namespace, charged to no quota; they take no tenant's class
+    (`blocker_priority_class`).
     """
     fallback = settings.holder_priority_class
     allowed = {*settings.holder_priority_classes, *([fallback] if fallback else [])}
@@ -118,8 +128,13 @@ def holder_manifest(
             }
         ],
     }
-    priority_class = holder_priority_class(settings, target)
-    if priority_class:
+    if role is Role.BLOCKER and settings.blocker_priority_class:
+        # A blocker preempts no pod: its class is of preemptionPolicy Never, and the pod
+        # says so too, so that the Priority admission plugin refuses a blocker whose class
+        # would let it preempt (the admission policy requires Never of every blocker).
+        spec["priorityClassName"] = settings.blocker_priority_class
+        spec["preemptionPolicy"] = "Never"
+    elif priority_class := holder_priority_class(settings, target):
         spec["priorityClassName"] = priority_class
     if settings.holder_runtime_class:
         spec["runtimeClassName"] = settings.holder_runtime_class

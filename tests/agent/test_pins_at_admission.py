@@ -60,6 +60,36 @@ def test_the_pin_holds_its_gpu_from_admission_and_the_mount_does_not_wait_for_it
     assert given(cluster, "trainer") == [GPU0.uuid], trainer
 
 
+def test_blockers_carry_the_non_preempting_class_and_pins_their_targets(
+    cluster: Cluster,
+) -> None:
+    """Issue 40, item 8: a blocker counts against no quota, so it preempts no pod: it has
+    the blockers' class (--blocker-priority-class, preemptionPolicy Never) and says Never
+    itself; the pin keeps its target's class and the preemptionPolicy that gives."""
+    cluster.pod("nb")
+    agent = cluster.agent(extra=["--blocker-priority-class", "gpu-hotmount-blocker"])
+    held = cluster.kube.stall(verb="delete", resource="pods")  # the blocker of GPU 1 stays
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(a=mount(agent, "nb", devices=["1"])))
+    thread.start()
+    try:
+        assert held.wait_arrived(1), "the mount never freed a blocker"
+        made = blockers(cluster)
+        assert len(made) == 2
+        for blocker in made:
+            spec = blocker["spec"]
+            assert (spec["priorityClassName"], spec["preemptionPolicy"]) == (
+                "gpu-hotmount-blocker",
+                "Never",
+            ), spec
+    finally:
+        held.release()
+        thread.join(60)
+    assert result["a"].status_code == 200, result["a"].text
+    [pin] = pins_of(cluster, "nb")
+    assert "priorityClassName" not in pin["spec"] and "preemptionPolicy" not in pin["spec"]
+
+
 def test_with_only_the_wanted_gpu_free_no_blocker_is_made(cluster: Cluster) -> None:
     cluster.pod("nb")
     agent = cluster.agent()

@@ -4,14 +4,17 @@ One table, two evaluators: tests/deploy/test_admission_policy.py runs the polici
 cel-python against these, and tests/k8s/test_22_admission_policy.py sends them to a real
 API server as the agent's ServiceAccount. Each hostile change is applied to an object the
 agent's own code built and names what the policy must refuse it for (a part of the
-denying validation's message).
+denying validation's message). HOSTILE_BLOCKERS change the agent's blocker rather than its
+count holder. HOSTILE_UPDATES are changes (UPDATE) rather than creations: a JSON merge
+patch the agent's account sends to a pod that exists, as its owner made it.
 """
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.config import load_settings
@@ -327,6 +330,28 @@ HOSTILE: dict[str, tuple[Change, str]] = {
 }
 
 
+# -- hostile blockers ------------------------------------------------------------------------
+
+
+def _without_class(pod: Obj) -> None:
+    """No class, so none of preemptionPolicy Never: the Priority admission plugin gives it
+    PreemptLowerPriority (or the cluster's globalDefault class's)."""
+    pod["spec"].pop("priorityClassName", None)
+    pod["spec"].pop("preemptionPolicy", None)
+
+
+# Applied to the agent's blocker as it sends it: the Priority admission plugin then gives
+# it its class's preemptionPolicy before the policy sees it. A blocker counts against no
+# quota (it lives in the agent's namespace): one that may preempt could evict any pod of
+# lower priority on the node.
+HOSTILE_BLOCKERS: dict[str, tuple[Change, str]] = {
+    "a blocker that may preempt (no class of preemptionPolicy Never)": (
+        _without_class,
+        "a blocker preempts no pod",
+    ),
+}
+
+
 # -- hostile ResourceClaims (DRA) ---------------------------------------------------------
 
 
@@ -390,4 +415,141 @@ HOSTILE_CLAIMS: dict[str, tuple[Change, str]] = {
     "another name": (_set("metadata.name", "db-claim"), "named hotmount-pin-"),
     "owned by another pod": (_owner(name="victim"), "owned by the pod"),
     "controller owner": (_owner(controller=True), "owned by the pod"),
+}
+
+
+# -- hostile changes (UPDATE) of pods -----------------------------------------------------
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """`patch` applied to `target` as the API server applies a JSON merge patch (RFC 7386):
+    maps merge key by key, a null removes the key, anything else (a list) replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    merged = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for name, value in patch.items():
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = merge_patch(merged.get(name), value)
+    return merged
+
+
+def _pod_owner(name: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": str(uuid.uuid4()),
+            "controller": False, "blockOwnerDeletion": False}  # fmt: skip
+
+
+# The agent's one change (agent/kube/client.py, hand_over): a pin handed over to another
+# pod on a move, its holder-for label and its one owner reference in one merge patch.
+HAND_OVER: Obj = {
+    "metadata": {
+        "labels": {"hotmount.io/holder-for": "other-notebook"},
+        "ownerReferences": [_pod_owner("other-notebook")],
+    }
+}
+
+
+@dataclass(frozen=True)
+class HostileUpdate:
+    """A merge patch from the agent's account to a pod that exists: one the agent made
+    (`base`, a key of agents_objects' pods), or one its owner made of it (`before`
+    changes it, as a tenant may shape and label a pod of its own). `reason`: what the
+    policy must refuse the change for."""
+
+    patch: Obj
+    reason: str
+    before: Change | None = None
+    base: str = "pin"
+
+    def old(self, pods: dict[str, Obj]) -> Obj:
+        """The pod as its maker sent it, out of the agent's objects `pods`."""
+        pod = copy.deepcopy(pods[self.base])
+        if self.before is not None:
+            self.before(pod)
+        return pod
+
+
+def _tenants_database(pod: Obj) -> None:
+    """A tenant's own pod where the pin was (payments/postgres-0): not a holder at all."""
+    metadata = pod["metadata"]
+    metadata["name"] = "postgres-0"
+    metadata["labels"] = {"app": "postgres"}
+    del metadata["ownerReferences"]
+    metadata.pop("annotations", None)
+
+
+def _relabelled(labels: dict[str, str]) -> Change:
+    """The pin with other values of these labels: a pod whose owner labelled it so (the
+    labels of a tenant's pod are the tenant's to write)."""
+
+    def change(pod: Obj) -> None:
+        pod["metadata"]["labels"].update(labels)
+
+    return change
+
+
+_MAKES_NO_HOLDER = "never makes a holder of another pod"
+_STAYS_A_PIN = "a pin stays a pin"
+_HOLDER_LABELS = {"app.kubernetes.io/managed-by": "gpu-hotmount", "hotmount.io/holder-for": "ghost"}
+
+
+def _labels(labels: dict[str, str | None]) -> Obj:
+    """A merge patch of these labels (None removes one)."""
+    return {"metadata": {"labels": labels}}
+
+
+def _handed_to(owner: Obj) -> Obj:
+    """HAND_OVER with another owner reference in place of the pod's."""
+    return merge_patch(HAND_OVER, {"metadata": {"ownerReferences": [owner]}})
+
+
+HOSTILE_UPDATES: dict[str, HostileUpdate] = {
+    # Issue 40: the holder labels and an owner that does not exist (payments/postgres-0):
+    # the garbage collector deletes the pod, or the agent's account does (by its labels,
+    # a holder). Admitted before, as every rule read the new pod only.
+    "UPDATE makes a non-holder a holder": HostileUpdate(
+        {"metadata": {"labels": _HOLDER_LABELS, "ownerReferences": [_pod_owner("ghost")]}},
+        _MAKES_NO_HOLDER,
+        _tenants_database,
+    ),
+    "UPDATE makes a non-holder a pin, its own labels gone": HostileUpdate(
+        merge_patch(
+            _labels({"app": None, **_HOLDER_LABELS, "hotmount.io/role": "pin"}),
+            {"metadata": {"ownerReferences": [_pod_owner("ghost")]}},
+        ),
+        _MAKES_NO_HOLDER,
+        _tenants_database,
+    ),
+    "UPDATE hands over a pod named without the hotmount- prefix": HostileUpdate(
+        HAND_OVER, _MAKES_NO_HOLDER, _set("metadata.name", "db-0")
+    ),
+    "UPDATE claims a pin-shaped pod of another manager": HostileUpdate(
+        _labels({"app.kubernetes.io/managed-by": "gpu-hotmount"}),
+        _MAKES_NO_HOLDER,
+        _relabelled({"app.kubernetes.io/managed-by": "helm"}),
+    ),
+    # The agent hands over pins only (a GPU mounted by count does not move).
+    "UPDATE hands over a count holder": HostileUpdate(
+        HAND_OVER, _MAKES_NO_HOLDER, base="count holder"
+    ),
+    "UPDATE hands over a blocker": HostileUpdate(HAND_OVER, _MAKES_NO_HOLDER, base="blocker"),
+    "UPDATE turns a pin into a count holder": HostileUpdate(
+        _labels({"hotmount.io/role": "count"}), _STAYS_A_PIN
+    ),
+    "UPDATE turns a pin into a blocker": HostileUpdate(
+        _labels({"hotmount.io/role": "blocker"}), _STAYS_A_PIN
+    ),
+    "UPDATE drops a pin's role": HostileUpdate(_labels({"hotmount.io/role": None}), _STAYS_A_PIN),
+    # Another label can put the pin under a tenant's ReplicaSet (whose selector it then
+    # matches, with no controller owner) or behind a Service.
+    "UPDATE adds a label to a pin": HostileUpdate(_labels({"app": "postgres"}), _STAYS_A_PIN),
+    "UPDATE hands a pin to a Deployment": HostileUpdate(
+        _handed_to({**_pod_owner("other-notebook"), "apiVersion": "apps/v1", "kind": "Deployment"}),
+        "exactly one owner reference",
+    ),
+    "UPDATE makes the pin's new owner its controller": HostileUpdate(
+        _handed_to({**_pod_owner("other-notebook"), "controller": True}),
+        "exactly one owner reference",
+    ),
 }

@@ -24,18 +24,22 @@ import yaml
 from kubernetes import client
 
 from agent.config import load_settings
-from agent.kube.client import PodInfo
+from agent.kube.client import PodInfo, hand_over_patch
 from agent.node.dra import GPU_CLASS, MIG_CLASS, with_claim
-from agent.node.holders import HolderPods, Role, holder_priority_class
+from agent.node.holders import HOLDER_LABEL, HolderPods, Role, holder_priority_class
 from agent.node.holders import holder_manifest as agent_holder_manifest
 from agent.node.pins import pin_claim_manifest
 from tests.deploy.admission import admission_request, denials, unknown_fields
 from tests.deploy.admission_cases import (
     GPU_UUID,
+    HAND_OVER,
     HOSTILE,
+    HOSTILE_BLOCKERS,
     HOSTILE_CLAIMS,
+    HOSTILE_UPDATES,
     agent_pod_for,
     agents_objects,
+    merge_patch,
 )
 from tests.deploy.support import (
     CHART,
@@ -77,10 +81,20 @@ def holder_manifest(argv: list[str] | None = None, target: PodInfo = TARGET) -> 
     return agent_holder_manifest(settings, target, "hotmount-holder-notebook-abc123", 1)
 
 
-def as_admitted(manifest: Obj, default_class: str | None = None) -> Obj:
+# The plain manifests' blockers' class (10-priorityclass.yaml), of preemptionPolicy Never.
+BLOCKER_CLASS = load_settings(static_argv()).blocker_priority_class
+
+
+def as_admitted(
+    manifest: Obj,
+    default_class: str | None = None,
+    never: tuple[str | None, ...] = (BLOCKER_CLASS,),
+) -> Obj:
     """The pod as validating admission sees it: defaulted, ServiceAccount plugin applied,
     and the Priority plugin, which gives a pod without a class the cluster's globalDefault
-    PriorityClass (`default_class`) and every pod its class's value."""
+    PriorityClass (`default_class`) and every pod its class's value and preemptionPolicy
+    (Never for the classes `never` names, else PreemptLowerPriority). It refuses a pod
+    that names another preemptionPolicy than its class's: so does this."""
     pod = copy.deepcopy(manifest)
     spec = pod["spec"]
     spec.setdefault("serviceAccountName", "default")
@@ -92,7 +106,12 @@ def as_admitted(manifest: Obj, default_class: str | None = None) -> Obj:
     if default_class is not None:
         spec.setdefault("priorityClassName", default_class)
     spec["priority"] = 1000 if spec.get("priorityClassName") else 0
-    spec["preemptionPolicy"] = "PreemptLowerPriority"
+    computed = "Never" if spec.get("priorityClassName") in never else "PreemptLowerPriority"
+    sent = spec.get("preemptionPolicy", computed)
+    assert sent == computed, (
+        f"the Priority admission plugin refuses {sent}: the class gives {computed}"
+    )
+    spec["preemptionPolicy"] = computed
     for container in spec["containers"]:
         container.setdefault("terminationMessagePath", "/dev/termination-log")
         container.setdefault("terminationMessagePolicy", "File")
@@ -228,17 +247,39 @@ def test_the_pin_of_a_named_mount_is_admitted_and_so_is_its_dra_form():
     assert create(as_admitted(claimed)) == []
 
 
+def agents_pods(argv: list[str] | None = None) -> dict[str, Obj]:
+    """The pods the agent makes for TARGET, as validating admission sees them."""
+    pods, _ = agents_objects(static_argv() if argv is None else argv, TARGET)
+    return {shape: as_admitted(pod) for shape, pod in pods.items()}
+
+
+def update(new: Obj, old: Obj, user: str = AGENT, policy: Obj = POLICY) -> list[str]:
+    return denials(policy, admission_request("UPDATE", user, new, old))
+
+
 def test_a_move_hands_a_pin_over_but_never_to_a_pod_its_label_does_not_name():
-    """The hand-over is one merge patch of the holder-for label and the owner reference;
-    the policy admits it only while both name the same pod."""
-    old = as_admitted(holder_manifest())
-    new = copy.deepcopy(old)
-    new["metadata"]["labels"]["hotmount.io/holder-for"] = "other-notebook"
-    [owner] = new["metadata"]["ownerReferences"]
-    owner.update(name="other-notebook", uid=str(uuid.uuid4()))
-    assert denials(POLICY, admission_request("UPDATE", AGENT, new, old)) == []
-    owner["name"] = "someone-else"
-    assert denials(POLICY, admission_request("UPDATE", AGENT, new, old)) != []
+    """The hand-over is one merge patch of the holder-for label and the owner reference
+    (agent/kube/client.py, hand_over); the policy admits it only while both name the
+    same pod."""
+    for shape in ("pin", "DRA pin"):
+        old = agents_pods()[shape]
+        new = merge_patch(old, HAND_OVER)
+        assert new["metadata"]["labels"]["hotmount.io/holder-for"] == "other-notebook"
+        assert update(new, old) == [], shape
+        new["metadata"]["ownerReferences"][0]["name"] = "someone-else"
+        assert update(new, old) != [], shape
+
+
+def test_the_agents_own_hand_over_is_what_the_policy_admits():
+    """The patch the move sends, built by the agent's code, is the table's HAND_OVER."""
+    other = replace(TARGET, name="other-notebook", uid=str(uuid.uuid4()))
+    pin = agents_pods()["pin"]
+    # agent/node/moves.py: the pin's labels as read, holder-for the move's target
+    labels = {**pin["metadata"]["labels"], HOLDER_LABEL: other.name}
+    patch = hand_over_patch(labels, other)
+    assert update(merge_patch(pin, patch), pin) == []
+    assert patch.keys() == HAND_OVER.keys()
+    assert patch["metadata"].keys() == HAND_OVER["metadata"].keys()
 
 
 def test_a_blocker_is_admitted_only_in_the_agents_namespace_and_only_as_a_blocker():
@@ -263,6 +304,35 @@ def test_a_blocker_is_admitted_only_in_the_agents_namespace_and_only_as_a_blocke
     assert any(message in m for m in create(pin_named_blocker))
 
 
+def test_a_blocker_preempts_no_pod_and_says_so():
+    """Item 8 of issue 40: a blocker counts against no quota, so it must not preempt. Its
+    class is the blockers' own, of preemptionPolicy Never; the pod names Never too, which
+    the Priority admission plugin accepts only from such a class. Pins and count holders
+    keep their target's class and the preemptionPolicy it gives (holder_priority_class
+    says why)."""
+    pods = agents_objects(static_argv(), TARGET)[0]
+    blocker = pods["blocker"]["spec"]
+    assert (blocker["priorityClassName"], blocker["preemptionPolicy"]) == (BLOCKER_CLASS, "Never")
+    assert "preemptionPolicy" not in pods["pin"]["spec"]
+    assert create(as_admitted(pods["blocker"])) == []
+    [priority_class] = [o for o in load_file(KUBE / "10-priorityclass.yaml")]
+    assert priority_class["kind"] == "PriorityClass"
+    assert priority_class["metadata"]["name"] == BLOCKER_CLASS
+    assert (priority_class["preemptionPolicy"], priority_class["globalDefault"]) == ("Never", False)
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_BLOCKERS), ids=sorted(HOSTILE_BLOCKERS))
+def test_a_hostile_blocker_from_the_agent_is_denied(case: str):
+    change, reason = HOSTILE_BLOCKERS[case]
+    blocker = copy.deepcopy(agents_objects(static_argv(), TARGET)[0]["blocker"])
+    change(blocker)
+
+    denied = create(as_admitted(blocker))
+
+    assert denied, f"{case} was admitted"
+    assert any(reason in message for message in denied), denied
+
+
 def test_the_agent_may_delete_a_holder():
     holder = as_admitted(holder_manifest())
     assert denials(POLICY, admission_request("DELETE", AGENT, None, holder)) == []
@@ -281,6 +351,22 @@ def test_a_hostile_pod_from_the_agent_is_denied(case: str):
 
     assert denied, f"{case} was admitted"
     assert any(reason in message for message in denied), denied
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_UPDATES), ids=sorted(HOSTILE_UPDATES))
+def test_a_hostile_change_from_the_agent_is_denied(case: str):
+    """Issue 40: a change never makes a holder of a pod that was none, nor anything but a
+    pin of a pin; before, the agent's account could label any pod a holder and own it by
+    a pod that does not exist (then the garbage collector, or the account, deleted it)."""
+    hostile = HOSTILE_UPDATES[case]
+    old = hostile.old(agents_pods())
+    new = merge_patch(old, hostile.patch)
+
+    denied = update(new, old)
+
+    assert denied, f"{case} was admitted"
+    assert any(hostile.reason in message for message in denied), denied
+    assert update(new, old, user="system:serviceaccount:payments:default") == []
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE), ids=sorted(HOSTILE))
@@ -456,11 +542,12 @@ def blocker_manifest(namespace: str = "gpu-hotmount", argv: list[str] | None = N
 def assert_all_admitted(
     argv: list[str], policy: Obj, claim_policy: Obj, user: str, agent_namespace: str
 ) -> None:
+    never = (load_settings(argv).blocker_priority_class,)
     for target_class in TARGET_CLASSES:
         target = replace(TARGET, priority_class_name=target_class)
         pods, claims = agents_objects(argv, target, agent_pod_for(target, agent_namespace))
         for shape, pod in pods.items():
-            denied = create(as_admitted(pod), user=user, policy=policy)
+            denied = create(as_admitted(pod, never=never), user=user, policy=policy)
             assert denied == [], (shape, target_class, denied)
         for shape, claim in claims.items():
             denied = create_claim(claim_as_admitted(claim), user=user, policy=claim_policy)
@@ -477,6 +564,24 @@ def test_the_charts_policies_admit_everything_its_agent_makes(name: str):
     argv, policy, claim_policy = rendered_with(CONFIGURATIONS[name])
     user = "system:serviceaccount:gpu-ops:hm-gpu-hotmount"
     assert_all_admitted(argv, policy, claim_policy, user, "gpu-ops")
+
+
+@needs_helm
+def test_a_blocker_of_a_class_that_may_preempt_is_refused():
+    """A class the operator lists for pins is no blocker's: one that may preempt (as a
+    class does unless it says Never) is refused, and so is an unlisted one."""
+    argv, policy, _ = rendered_with(CONFIGURATIONS["allowed classes and a fallback"])
+    user = "system:serviceaccount:gpu-ops:hm-gpu-hotmount"
+    never = (load_settings(argv).blocker_priority_class,)
+    assert never == ("hm-gpu-hotmount-blocker",)
+    blocker = agents_objects(argv, TARGET, agent_pod_for(TARGET, "gpu-ops"))[0]["blocker"]
+    assert create(as_admitted(blocker, never=never), user=user, policy=policy) == []
+    for listed in ("research-high", "gpu-pins", "system-node-critical"):
+        changed = copy.deepcopy(blocker)
+        changed["spec"]["priorityClassName"] = listed
+        del changed["spec"]["preemptionPolicy"]
+        denied = create(as_admitted(changed, never=never), user=user, policy=policy)
+        assert any("a blocker preempts no pod" in m for m in denied), (listed, denied)
 
 
 @needs_helm
@@ -544,7 +649,7 @@ POD_FIELDS_ADMITTED = {
     "hostPID": "false only",
     "hostUsers": "either value: true is every pod's default, false confines more",
     "overhead": "filled by the RuntimeClass admission plugin",
-    "preemptionPolicy": "filled by the Priority admission plugin from the class",
+    "preemptionPolicy": "filled by the Priority admission plugin from the class (Never: blockers)",
     "priority": "filled by the Priority admission plugin from the class",
     "priorityClassName": "listed ones only",
     "resourceClaims": "the pin's own claim only",

@@ -373,6 +373,11 @@ def test_release_name_reaches_names_the_agent_checks(monkeypatch: pytest.MonkeyP
         ]
     api_service = find(objects, "APIService")["spec"]["service"]
     assert api_service == {"name": "hm-gpu-hotmount", "namespace": "other", "port": 443}
+    blockers = find(objects, "PriorityClass")
+    assert (
+        settings.blocker_priority_class == blockers["metadata"]["name"] == "hm-gpu-hotmount-blocker"
+    )
+    assert blockers["preemptionPolicy"] == "Never"
 
 
 def test_chart_files_parse():

@@ -99,7 +99,7 @@ def test_main_directory_has_no_duplicates_and_every_kind():
     expected = "APIService ClusterRole ClusterRoleBinding DaemonSet Namespace Role RoleBinding"
     policy = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     assert kinds == sorted(
-        [*expected.split(), "NetworkPolicy", "Service", "ServiceAccount", *policy]
+        [*expected.split(), "NetworkPolicy", "PriorityClass", "Service", "ServiceAccount", *policy]
     )
     for obj in MAIN:
         if obj["kind"] in ("DaemonSet", "Service", "ServiceAccount"):

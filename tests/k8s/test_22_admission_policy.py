@@ -6,9 +6,12 @@ auto), judge what the agent's ServiceAccount sends: impersonated from the admin'
 kubeconfig, the way `kubectl --as` does. The objects are the agent's own, built by its
 code with the release's flags for a real pod on the node, and each is admitted unchanged
 (and deleted again): so a refusal of a variant from the shared table
-(tests/deploy/admission_cases.py) is the policy's doing, not the shape's. Each answer is
-compared with cel-python's (tests/deploy/admission.py) for the same object and the policy
-as installed: where the two differ, this file says so (FIRST_REFUSED_BY_ANOTHER_RULE).
+(tests/deploy/admission_cases.py) is the policy's doing, not the shape's. The table's
+changes (HOSTILE_UPDATES) are merge patches the agent's account sends to a pod that exists,
+made by the admin as its owner would make it; the agent's own hand-over is admitted. Each
+answer is compared with cel-python's (tests/deploy/admission.py) for the same object and
+the policy as installed: where the two differ, this file says so
+(FIRST_REFUSED_BY_ANOTHER_RULE).
 """
 
 from __future__ import annotations
@@ -26,7 +29,16 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.kube.client import PodInfo
 from tests.deploy.admission import admission_request, denials
-from tests.deploy.admission_cases import HOSTILE, HOSTILE_CLAIMS, Obj, agents_objects
+from tests.deploy.admission_cases import (
+    HAND_OVER,
+    HOSTILE,
+    HOSTILE_BLOCKERS,
+    HOSTILE_CLAIMS,
+    HOSTILE_UPDATES,
+    Obj,
+    agents_objects,
+    merge_patch,
+)
 from tests.deploy.support import agent_argv
 from tests.k8s import flows
 from tests.k8s.flows import NVML_GPUS
@@ -104,6 +116,11 @@ class AsAgent:
         review = admission_request("CREATE", self.user, obj, resource=(group, version, plural))
         return denials(policy, review, resource=plural)
 
+    def celpy_update_denials(self, new: Obj, old: Obj) -> list[str]:
+        """What cel-python refuses the change of pod `old` into `new` for."""
+        review = admission_request("UPDATE", self.user, new, old)
+        return denials(self.policies[POD_POLICY], review)
+
     def create(self, obj: Obj) -> Answer:
         namespace = obj["metadata"]["namespace"]
         try:
@@ -116,6 +133,18 @@ class AsAgent:
         except ApiException as error:
             return Answer(error.status, json.loads(error.body or "{}").get("message", ""))
         return Answer(201, "")
+
+    def patch(self, pod: Obj, patch: Obj) -> Answer:
+        """A JSON merge patch of `pod`, sent as the agent's hand-over sends its own."""
+        name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        try:
+            self.core.patch_namespaced_pod(
+                name, namespace, patch, _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )  # fmt: skip
+        except ApiException as error:
+            return Answer(error.status, json.loads(error.body or "{}").get("message", ""))
+        return Answer(200, "")
 
     def delete(self, obj: Obj) -> Answer:
         name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
@@ -316,7 +345,9 @@ def test_every_object_the_agent_makes_is_admitted_and_may_be_deleted(
     node: Node, as_agent: AsAgent, agents: Any
 ) -> None:
     """Count holder, blocker, pin and DRA pin, the GPU and MIG claims: created as the agent
-    and deleted as the agent (a DRA pin's claim first, as the agent makes them)."""
+    and deleted as the agent (a DRA pin's claim first, as the agent makes them). The
+    blocker is of the chart's blockers' class, which the Priority admission plugin accepts
+    only because that class's preemptionPolicy is the blocker's Never."""
     pods, claims = agents()
     ordered = [claims["GPU claim"], claims["MIG claim"], *pods.values()]
     created: list[Obj] = []
@@ -326,6 +357,10 @@ def test_every_object_the_agent_makes_is_admitted_and_may_be_deleted(
             answer = as_agent.create(obj)
             assert answer.status == 201, (obj["metadata"]["name"], answer)
             created.append(obj)
+        # the chart's blockers' class gave the blocker its preemptionPolicy (issue 40, 8)
+        blocker = pods["blocker"]["metadata"]
+        held = flows.get_pod(node, blocker["name"], blocker["namespace"])
+        assert held is not None and held["spec"]["preemptionPolicy"] == "Never", held
         for obj in reversed(created):
             answer = as_agent.delete(obj)
             assert answer.status in (200, 202, 404), (obj["metadata"]["name"], answer)
@@ -389,6 +424,7 @@ def _expect_refused(
 def test_the_issues_sample_is_refused_by_the_policy_itself() -> None:
     exceptions = {*REFUSED_BEFORE_THE_POLICY, *FIRST_REFUSED_BY_ANOTHER_RULE}
     assert set(REQUIRED_SAMPLE) <= set(HOSTILE) - exceptions
+    assert "UPDATE makes a non-holder a holder" in HOSTILE_UPDATES  # issue 40's attack
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE), ids=sorted(HOSTILE))
@@ -401,6 +437,19 @@ def test_a_hostile_pod_from_the_agent_is_refused_by_the_api_server(
     _expect_refused(node, as_agent, case, pod, reason, REFUSED_BEFORE_THE_POLICY)
 
 
+@pytest.mark.parametrize("case", sorted(HOSTILE_BLOCKERS), ids=sorted(HOSTILE_BLOCKERS))
+def test_a_hostile_blocker_from_the_agent_is_refused_by_the_api_server(
+    case: str, node: Node, as_agent: AsAgent, agents: Any
+) -> None:
+    """The Priority admission plugin gives the blocker its class's preemptionPolicy (none:
+    PreemptLowerPriority) before the policy refuses it; the agent's own blocker, of the
+    chart's class of Never, is admitted above."""
+    change, reason = HOSTILE_BLOCKERS[case]
+    blocker = copy.deepcopy(agents()[0]["blocker"])
+    change(blocker)
+    _expect_refused(node, as_agent, case, blocker, reason, {})
+
+
 @pytest.mark.parametrize("case", sorted(HOSTILE_CLAIMS), ids=sorted(HOSTILE_CLAIMS))
 def test_a_hostile_claim_from_the_agent_is_refused_by_the_api_server(
     case: str, node: Node, as_agent: AsAgent, agents: Any
@@ -409,3 +458,58 @@ def test_a_hostile_claim_from_the_agent_is_refused_by_the_api_server(
     claim = agents()[1]["GPU claim"]
     change(claim)
     _expect_refused(node, as_agent, case, claim, reason, REFUSED_BEFORE_THE_POLICY_CLAIMS)
+
+
+# ---- hostile changes (UPDATE), refused by the API server ------------------------------------
+
+
+def _made_by_its_owner(node: Node, pod: Obj) -> Obj:
+    """`pod` created as the admin (under a new name that keeps its prefix: the table's
+    names recur), as its owner would make it; the pod as the API server holds it."""
+    metadata = pod["metadata"]
+    metadata["name"] = flows.new_name(metadata["name"])
+    node.kubectl("create", "-f", "-", stdin=json.dumps(pod))
+    stored = flows.get_pod(node, metadata["name"], metadata["namespace"])
+    assert stored is not None, metadata["name"]
+    return stored
+
+
+def test_the_agents_hand_over_is_admitted_by_the_api_server(
+    node: Node, as_agent: AsAgent, agents: Any
+) -> None:
+    """Not vacuous: the change a move makes (agent/kube/client.py, hand_over) to the
+    agent's own pin is admitted, so a refusal below is the change's doing. (Its new owner
+    does not exist: the garbage collector may delete the pin at once, so it is not read
+    back.)"""
+    pin = agents()[0]["pin"]
+    try:
+        stored = _made_by_its_owner(node, pin)
+        assert as_agent.celpy_update_denials(merge_patch(stored, HAND_OVER), stored) == []
+        answer = as_agent.patch(pin, HAND_OVER)
+        assert answer.status == 200, answer
+    finally:
+        _remove(node, pin)
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_UPDATES), ids=sorted(HOSTILE_UPDATES))
+def test_a_hostile_change_from_the_agent_is_refused_by_the_api_server(
+    case: str, node: Node, as_agent: AsAgent, agents: Any
+) -> None:
+    """Issue 40: the pod exists, as its owner made it; the agent's account sends the
+    table's merge patch; the policy refuses it, for the table's reason and first as
+    cel-python does for the pod as the API server holds it, and the pod is unchanged."""
+    hostile = HOSTILE_UPDATES[case]
+    pod = hostile.old(agents()[0])
+    try:
+        stored = _made_by_its_owner(node, pod)
+        celpy = as_agent.celpy_update_denials(merge_patch(stored, hostile.patch), stored)
+        answer = as_agent.patch(pod, hostile.patch)
+        assert answer.status != 200, f"{case} was admitted"
+        denied = answer.refused_by(POD_POLICY)
+        assert denied is not None, f"{case}: not refused by the policy: {answer}"
+        assert hostile.reason in denied, (case, denied)
+        assert celpy[:1] == [denied], (case, denied, celpy)
+        after = flows.get_pod(node, pod["metadata"]["name"], pod["metadata"]["namespace"])
+        assert after is not None and after["metadata"]["labels"] == stored["metadata"]["labels"]
+    finally:
+        _remove(node, pod)

@@ -91,6 +91,14 @@ plus the fallback holder.priorityClassName. The admission policy's list and the 
 {{- $classes | uniq | toJson -}}
 {{- end -}}
 
+{{/*
+The blockers' PriorityClass (priorityclass.yaml, preemptionPolicy Never): the agent's
+--blocker-priority-class and the admission policy's blockerPriorityClass both come from here.
+*/}}
+{{- define "gpu-hotmount.blockerPriorityClass" -}}
+{{- printf "%s-blocker" (include "gpu-hotmount.fullname" .) -}}
+{{- end -}}
+
 {{/* A value pasted into a CEL string literal: names and image references only, no quotes. */}}
 {{- define "gpu-hotmount.celSafe" -}}
 {{- $name := index . 0 -}}
