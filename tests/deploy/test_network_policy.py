@@ -11,8 +11,6 @@ admitted, and the render and the install's notes say so (issue 40): a policy tha
 
 from __future__ import annotations
 
-import shutil
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from tests.deploy.support import (
     load_dir,
     load_documents,
     lookup_server,
+    render_notes,
     without_helm_labels,
 )
 from tests.deploy.test_helm import HELM, helm, render, render_values
@@ -82,19 +81,8 @@ def test_the_plain_manifests_ship_the_same_policy() -> None:
 
 
 def notes(tmp_path: Path, *sets: str, options: tuple[str, ...] = ()) -> str:
-    """NOTES.txt as `helm install` prints it. `helm template` never renders it, so a copy
-    of the chart carries it as a template of its own, its text in a YAML block."""
-    chart = tmp_path / "chart"
-    shutil.copytree(CHART, chart)
-    text = (chart / "templates" / "NOTES.txt").read_text()
-    wrapped = "notes: |\n" + textwrap.indent(text, "  ")
-    (chart / "templates" / "notes-under-test.yaml").write_text(wrapped)
-    argv = ["template", "gpu-hotmount", str(chart), "--namespace", "gpu-hotmount", *options]
-    argv += ["--show-only", "templates/notes-under-test.yaml"]
-    for value in sets:
-        argv += ["--set", value]
-    [rendered] = load_documents(helm(*argv).stdout)
-    return str(rendered["notes"])
+    assert HELM is not None
+    return render_notes(HELM, tmp_path, *sets, options=options)
 
 
 def test_the_notes_warn_when_no_api_server_peer_is_admitted(tmp_path: Path) -> None:
