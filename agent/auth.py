@@ -8,14 +8,16 @@ Authentication, first match wins (agent/guard.py runs it before any body is read
    carrying one of its allowed names; anything else presenting them gets 401;
 3. `Authorization: Bearer`: the standalone token file, or a TokenReview (a refused
    token is remembered briefly, so a flood of bad tokens is not a flood of reviews);
-   an agent forwarding a bearer caller's request forwards the caller's own token, so
-   the receiving agent reviews it itself. Only a front-proxy caller (who has no token to
-   forward) is asserted: when the token belongs to the agents' own ServiceAccount,
-   `X-Hotmount-User`, `-Group`, `-Uid` and `-Extra-*` name the user a forwarding agent
-   acts for. Every agent holds that token, so root on any node could assert anyone:
-   privileged identities (`system:masters`, `system:nodes`, a node's user, the agents'
-   own account) are never believed, and an asserted user may not force or move network
-   interfaces unless the operator opted in (--allow-asserted-force);
+   an agent forwarding a bearer caller's request forwards the caller's own token only
+   when it is bound to the agents' audience (--token-audiences; agent/gateway.py), so
+   the receiving agent reviews it itself. Other callers (front-proxy callers, who have no
+   token to forward, and tokens good for the API server) are asserted: when the token
+   belongs to the agents' own ServiceAccount, `X-Hotmount-User`, `-Group`, `-Uid` and
+   `-Extra-*` name the user a forwarding agent acts for. Every agent holds that token,
+   so root on any node could assert anyone: privileged identities (`system:masters`,
+   `system:nodes`, a node's user, the agents' own account) are never believed, and an
+   asserted user may not force or move network interfaces unless the operator opted in
+   (--allow-asserted-force);
 4. otherwise 401, unless anonymous access was configured (development only).
 
 Authorization is a SubjectAccessReview for the user: group `hotmount.io`, resource
@@ -70,7 +72,8 @@ class Identity:
     user: UserInfo
     via: str  # unix | front-proxy | token | gateway | static-token | anonymous
     trusted: bool = False  # node root, static token or anonymous: no SAR
-    # The caller's own bearer token (via "token"), forwarded as it came to other agents.
+    # The caller's own bearer token (via "token"), forwarded as it came to other agents
+    # where it is bound to their audience (agent/gateway.py), else asserted.
     bearer: str | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -144,7 +144,9 @@ class AgentSettings(BaseSettings):
     )
     kubeconfig: Path | None = Field(default=None, description="default: in-cluster config")
     token_audiences: list[str] = Field(
-        default=[], description="audiences a caller's token must carry (TokenReview)"
+        default=[],
+        description="audiences a caller's token must carry (TokenReview); set, a caller's "
+        "token is forwarded to other agents, else the agents assert the caller",
     )
     podresources_socket: Path = Field(
         default=DEFAULT_PODRESOURCES_SOCKET, description="the kubelet's PodResources socket"

@@ -1,16 +1,21 @@
 """Forward a request for a pod on another node to the agent on that node.
 
-A platform can then call one Service name. A bearer caller's own token goes with the
-request, and the receiving agent reviews and authorizes it itself, as if called
-directly. A front-proxy caller has no token to forward: the forwarding agent
+A platform can then call one Service name. Every agent reaches every other, so a token
+sent to another agent is a token that root on that node holds. A bearer caller's own
+token therefore goes with the request only when it is bound to the agents' audience
+(--token-audiences, and those audiences do not admit the API server's own tokens): then
+it opens nothing but the agents, and the receiving agent reviews and authorizes it
+itself, as if called directly. Otherwise (the default: a token good for the whole API
+server), and for front-proxy callers, who have no token to forward, the forwarding agent
 authenticates with its own ServiceAccount token and asserts the user in
 `X-Hotmount-User`/`-Group`/`-Uid`/`-Extra-*` (everything a SubjectAccessReview takes,
 less the privileged groups receiving agents refuse); the receiving agent accepts such
-assertions only from the agents' ServiceAccount and authorizes the asserted user itself
-(agent/auth.py). Every call has a timeout: a hung agent costs the caller
-`agent_timeout`, never a worker for good. A request that was already forwarded
-(`X-Hotmount-Forwarded`) is never forwarded again (no loops), and node-local root
-callers (the unix socket) act on their own node only.
+assertions only from the agents' ServiceAccount, authorizes the asserted user itself,
+and refuses privileged identities, `force` and interface moves for them (agent/auth.py).
+Every call has a timeout: a hung agent costs the caller `agent_timeout`, never a worker
+for good. A request that was already forwarded (`X-Hotmount-Forwarded`) is never
+forwarded again (no loops), and node-local root callers (the unix socket) act on their
+own node only. Lists send the same credentials to every agent they ask.
 
 A list asks every other agent at once, within bounds of its own (`fan_out`): at most
 --fanout-concurrency agents in flight (shared by all lists), --list-timeout for each,
@@ -88,6 +93,8 @@ class Gateway:
         self._gpu_nodes_lock = threading.Lock()
         self._lists_per_caller: dict[str, int] = {}  # user: lists fanning out now
         self._lists_per_caller_lock = threading.Lock()
+        self._bound_audiences: bool | None = None  # see _forwards_tokens
+        self._bound_audiences_lock = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -263,16 +270,45 @@ class Gateway:
             return self._gpu_nodes[1]
 
     def _credentials(self, caller: Identity) -> list[tuple[str, str]] | None:
-        """A bearer caller's own token: the other agent reviews it (its audience, its pod
-        binding) and authorizes that user itself, and this agent vouches for no one.
-        Otherwise (a front-proxy caller) this agent's token and the asserted user; None
-        when this agent has no token."""
-        if caller.bearer:
+        """A bearer caller's own token where it is bound to the agents' audience: the other
+        agent reviews it (its audience, its pod binding) and authorizes that user itself.
+        Otherwise (a token good for the API server, or a front-proxy caller) this agent's
+        token and the asserted user: the caller's token stays here. None when this agent
+        has no token."""
+        if caller.bearer and self._forwards_tokens():
             return [("authorization", f"Bearer {caller.bearer}")]
         token = self.kube.token()
         if not token:
             return None
         return [("authorization", f"Bearer {token}"), *assertion_headers(caller.user)]
+
+    def _forwards_tokens(self) -> bool:
+        """Whether callers' tokens are bound to the agents alone: --token-audiences is set
+        (so every token this agent accepted was reviewed for one of them), and those
+        audiences do not admit this agent's own token, which the kubelet minted for the API
+        server. Asked once, by a TokenReview; while it cannot be asked, no."""
+        audiences = self.settings.token_audiences
+        if not audiences:
+            return False
+        with self._bound_audiences_lock:
+            if self._bound_audiences is None:
+                own = self.kube.token()
+                if not own:
+                    return False
+                try:
+                    admits_api_tokens = self.kube.token_review(own, audiences) is not None
+                except (UpstreamError, Forbidden) as exc:
+                    log.warning("cannot tell whether callers' tokens may be forwarded: %s", exc)
+                    return False
+                if admits_api_tokens:
+                    log.warning(
+                        "--token-audiences %s admit the API server's own tokens (this agent's "
+                        "passed a review for them): callers' tokens are never forwarded to "
+                        "other agents, their identities are asserted instead",
+                        ",".join(audiences),
+                    )
+                self._bound_audiences = not admits_api_tokens
+            return self._bound_audiences
 
     def _url(self, ip: str, ports: dict[str, int], path: str) -> str:
         port = ports.get("https") or ports.get("http") or self.settings.agent_port

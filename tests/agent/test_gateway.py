@@ -2,10 +2,12 @@
 
 Two real agent processes (node-a and node-b) share the host, each with its own
 state directory; the fake API server knows both as pods of the agents' DaemonSet.
-The forwarding agent sends a bearer caller's own token on, and the receiving agent
-reviews and authorizes that user itself; only a front-proxy caller is asserted in
+The callers' tokens here are good for the API server (no --token-audiences), so they
+stay on the agent they were sent to: the forwarding agent asserts the caller in
 X-Hotmount-User/-Group with the agents' ServiceAccount token (the crafted calls here
-stand for that path). A forwarded request is never forwarded again.
+stand for that path), and the receiving agent authorizes that user itself. A token
+bound to the agents' audience is forwarded instead (tests/agent/test_token_forwarding.py).
+A forwarded request is never forwarded again.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def test_mount_get_unmount_forwarded_to_the_pods_node(cluster: Cluster) -> None:
     decisions = messages(node_b, "hotmount.audit")
     for verb in ("create", "get", "delete"):
         assert any(
-            m.startswith(f"allow user=alice via=token verb={verb} pod=default/nb")
+            m.startswith(f"allow user=alice via=gateway verb={verb} pod=default/nb")
             for m in decisions
         ), decisions
     assert not any(m.startswith("forwarding") for m in messages(node_b, "agent.gateway"))
@@ -162,7 +164,7 @@ def test_receiving_agent_authorizes_the_forwarded_user_itself(cluster: Cluster) 
         assert "other/gpu" in refused.json()["message"]
     assert container.open_result(NVIDIA3) == "ENOENT"
     assert any(
-        m.startswith("deny user=alice via=token verb=create pod=other/gpu")
+        m.startswith("deny user=alice via=gateway verb=create pod=other/gpu")
         for m in messages(node_b, "hotmount.audit")
     )
     # node-a let it through from its cache: the refusal was node-b's
@@ -202,7 +204,7 @@ def test_a_forwarded_request_is_never_forwarded_again(cluster: Cluster) -> None:
                 headers=as_alice,
             ),
         ]
-    with node_b.client(ALICE) as api:  # a bearer caller's token, forwarded once already
+    with node_b.client(ALICE) as api:  # a bearer caller, said to be forwarded once already
         answers.append(
             api.post(path, json={"devices": ["0"]}, headers={"x-hotmount-forwarded": "1"})
         )
@@ -214,7 +216,7 @@ def test_a_forwarded_request_is_never_forwarded_again(cluster: Cluster) -> None:
     assert len(requests_seen(node_a)) == seen_before  # node-a never heard of them
     assert not any(m.startswith("forwarding") for m in messages(node_b, "agent.gateway"))
 
-    # while alice's own token is forwarded as usual
+    # while alice's own call is forwarded as usual
     with node_b.client(ALICE) as api:
         forwarded = api.post(path, json={"devices": ["0"]})
     assert forwarded.status_code == 200, forwarded.text

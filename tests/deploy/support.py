@@ -6,7 +6,9 @@ import base64
 import contextlib
 import json
 import shutil
+import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -177,3 +179,22 @@ def lookup_server(
         finally:
             server.shutdown()
             thread.join()
+
+
+def render_notes(helm: str, tmp_path: Path, *sets: str, options: tuple[str, ...] = ()) -> str:
+    """NOTES.txt as `helm install` prints it. `helm template` never renders it, so a copy
+    of the chart in `tmp_path` carries it as a template of its own, in a YAML block."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    text = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "notes-under-test.yaml").write_text(
+        "notes: |\n" + textwrap.indent(text, "  ")
+    )
+    argv = [helm, "template", "gpu-hotmount", str(chart), "--namespace", "gpu-hotmount"]
+    argv += [*options, "--show-only", "templates/notes-under-test.yaml"]
+    for value in sets:
+        argv += ["--set", value]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    [rendered] = load_documents(done.stdout)
+    return str(rendered["notes"])

@@ -30,6 +30,7 @@ from tests.deploy.support import (
     find,
     helm_binary,
     load_documents,
+    render_notes,
 )
 
 HELM = helm_binary()
@@ -61,6 +62,14 @@ ALL_ON = (
     "monitoring.dashboard.enabled=true",
     "monitoring.serviceMonitor.enabled=true",
 )
+# The ServiceMonitor's own scrape token (issue 40): an account allowed `get /metrics` and
+# nothing more, its token in a Secret, instead of Prometheus' own ServiceAccount token.
+METRICS_ACCOUNT = "gpu-hotmount-metrics"
+SCRAPE_TOKEN = [
+    ("ClusterRoleBinding", "", f"hotmount-metrics-reader:gpu-hotmount:{METRICS_ACCOUNT}"),
+    ("Secret", "gpu-hotmount", f"{METRICS_ACCOUNT}-token"),
+    ("ServiceAccount", "gpu-hotmount", METRICS_ACCOUNT),
+]
 
 
 def cannot(why: str) -> None:
@@ -128,16 +137,17 @@ def test_monitoring_off_by_default_and_on_adds_only_its_objects(helm: str) -> No
     on = render(helm, fixed_tls, *ALL_ON)
     before, after = {identity(o): o for o in off}, {identity(o): o for o in on}
     added = sorted(set(after) - set(before))
-    assert added == [
+    assert added == sorted([*SCRAPE_TOKEN,
         ("ConfigMap", "gpu-hotmount", "gpu-hotmount-dashboard"),
         ("PrometheusRule", "gpu-hotmount", "gpu-hotmount"),
         ("ServiceMonitor", "gpu-hotmount", "gpu-hotmount"),
-    ]
+    ])  # fmt: skip
     assert set(before) <= set(after)
     assert all(after[key] == obj for key, obj in before.items())
-    for one in ALL_ON:  # each switch alone renders its own object
+    for one in ALL_ON:  # each switch alone renders its own objects
         alone = {identity(o) for o in render(helm, fixed_tls, one)} - set(before)
-        assert len(alone) == 1 and alone < set(added), (one, alone)
+        assert alone and alone < set(added), (one, alone)
+        assert len(alone) == (1 + len(SCRAPE_TOKEN) if "serviceMonitor" in one else 1), alone
 
 
 def test_the_dashboard_configmap_carries_the_dashboard_for_grafanas_sidecar(helm: str) -> None:
@@ -164,9 +174,9 @@ def test_the_dashboard_configmap_carries_the_dashboard_for_grafanas_sidecar(helm
 
 
 def test_the_servicemonitor_scrapes_the_agents_with_a_metrics_reader_token(helm: str) -> None:
-    """TLS against the serving certificate's CA and name, a token (Prometheus' own or a
+    """TLS against the serving certificate's CA and name, a token of its own (or a given
     Secret's), the agent's labels kept (honorLabels), the node as `node`; the cluster-wide
-    Service only; and, when asked, Prometheus' account bound to the metrics-reader role."""
+    Service only; and, when asked, other accounts bound to the metrics-reader role."""
     objects = render(
         helm,
         "monitoring.serviceMonitor.enabled=true",
@@ -177,7 +187,6 @@ def test_the_servicemonitor_scrapes_the_agents_with_a_metrics_reader_token(helm:
     [endpoint] = monitor["spec"]["endpoints"]
     assert (endpoint["port"], endpoint["scheme"]) == ("https", "https")
     assert endpoint["path"] == "/metrics"
-    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     assert endpoint["honorLabels"] is True
     assert endpoint["tlsConfig"] == {
         "serverName": "gpu-hotmount.gpu-hotmount.svc",
@@ -213,6 +222,57 @@ def test_the_servicemonitor_scrapes_the_agents_with_a_metrics_reader_token(helm:
     }  # fmt: skip
     assert not [o for o in secret if o["kind"] == "ClusterRoleBinding" and "metrics" in
                 o["metadata"]["name"]]  # fmt: skip
+    assert not [o for o in secret if "metrics" in o["metadata"]["name"] and
+                o["kind"] in ("ServiceAccount", "Secret")]  # fmt: skip
+
+
+def test_the_servicemonitor_never_sends_prometheus_own_token(helm: str) -> None:
+    """Every agent receives the scrape's token, so root on one GPU node would hold it:
+    Prometheus' own ServiceAccount token (which reads pods, nodes and more cluster-wide)
+    is never the one. The chart makes an account allowed `get /metrics` alone and scrapes
+    with its token, which the token controller writes into the Secret it names."""
+    objects = render(helm, "monitoring.serviceMonitor.enabled=true")
+    [endpoint] = find(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert "bearerTokenFile" not in endpoint
+    assert "serviceaccount" not in json.dumps(endpoint)
+    assert endpoint["authorization"] == {
+        "type": "Bearer", "credentials": {"name": f"{METRICS_ACCOUNT}-token", "key": "token"}
+    }  # fmt: skip
+    account = find(objects, "ServiceAccount", METRICS_ACCOUNT)
+    assert account["metadata"]["namespace"] == "gpu-hotmount"
+    assert account["automountServiceAccountToken"] is False  # no pod runs as it
+    token = find(objects, "Secret", f"{METRICS_ACCOUNT}-token")
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": METRICS_ACCOUNT
+    }
+    assert token["metadata"]["namespace"] == "gpu-hotmount"  # the ServiceMonitor's own
+    assert not token.get("data") and not token.get("stringData")  # the controller fills it
+    [binding] = [o for o in objects if o["kind"] == "ClusterRoleBinding"
+                 and METRICS_ACCOUNT in o["metadata"]["name"]]  # fmt: skip
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "hotmount-metrics-reader",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": METRICS_ACCOUNT, "namespace": "gpu-hotmount"}
+    ]
+    role = find(objects, "ClusterRole", "hotmount-metrics-reader")
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+
+
+def test_the_notes_say_when_the_agents_would_refuse_the_scrapes_token(
+    helm: str, tmp_path: Path
+) -> None:
+    """The chart's token is for the API server's audience: agents with tokenAudiences set
+    refuse it. The install says so, and is quiet once tokenSecret names another token."""
+    monitor, audience = "monitoring.serviceMonitor.enabled=true", "tokenAudiences[0]=hotmount"
+    warned = render_notes(helm, tmp_path / "a", monitor, audience)
+    assert "monitoring.serviceMonitor.tokenSecret" in warned and "hotmount" in warned
+    given = "monitoring.serviceMonitor.tokenSecret.name=t"
+    for n, quiet in enumerate(((monitor,), (monitor, audience, given), (audience,))):
+        assert "tokenSecret" not in render_notes(helm, tmp_path / str(n), *quiet)
 
 
 def selects(monitor: Obj, service: Obj) -> bool:

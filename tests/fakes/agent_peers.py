@@ -1,12 +1,14 @@
 """Stand-ins for other nodes' agents that fail the way real ones do, on real sockets.
 
 `AnsweringPeer` answers every request with one status and body (a 503, a body that is no
-list, one for each path); `HangingPeer` accepts connections (the kernel completes the TCP
-handshake from its backlog) and never says a word; `refused_port()` is a port with no
-listener, so a connect gets RST. Each counts what reached it, so a test can prove it was
-never asked. Hostile ones (a compromised node: tests/agent/test_fanout_hostile_peers.py):
-`StreamingPeer` sends a body in chunks with a pause between them (a huge body, or a
-trickle) and notes when the asker hung up; `HoldingPeer` holds each ask until released.
+list, one for each path) and records each one's method, path and headers (what another
+node's agent sees: tests/agent/test_token_forwarding.py); `HangingPeer` accepts
+connections (the kernel completes the TCP handshake from its backlog) and never says a
+word; `refused_port()` is a port with no listener, so a connect gets RST. Each counts
+what reached it, so a test can prove it was never asked. Hostile ones (a compromised
+node: tests/agent/test_fanout_hostile_peers.py): `StreamingPeer` sends a body in chunks
+with a pause between them (a huge body, or a trickle) and notes when the asker hung up;
+`HoldingPeer` holds each ask until released.
 """
 
 from __future__ import annotations
@@ -14,10 +16,23 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from tests.support.agent import free_port
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request as it reached a peer; header names in lower case, each value kept."""
+
+    method: str
+    path: str
+    headers: list[tuple[str, str]]
+
+    def header(self, name: str) -> list[str]:
+        return [value for key, value in self.headers if key == name]
 
 
 class AnsweringPeer:
@@ -29,11 +44,29 @@ class AnsweringPeer:
     ) -> None:
         """`by_path`: the body for a path that ends so (`/gpumounts`), else `body`."""
         self.hits = 0
+        self.requests: list[Recorded] = []
         peer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                self._answer()
+
+            def do_POST(self) -> None:  # forwarded mounts
+                self._answer()
+
+            def do_DELETE(self) -> None:  # forwarded unmounts
+                self._answer()
+
+            def do_PATCH(self) -> None:
+                self._answer()
+
+            def _answer(self) -> None:
                 peer.hits += 1
+                headers = [(k.lower(), v) for k, v in self.headers.items()]
+                peer.requests.append(Recorded(self.command, self.path, headers))
+                length = int(self.headers.get("content-length") or 0)
+                if length:
+                    self.rfile.read(length)  # the body is not kept: the headers tell who
                 path = self.path.split("?")[0]
                 chosen = [b for end, b in (by_path or {}).items() if path.endswith(end)]
                 body_ = chosen[0] if chosen else body

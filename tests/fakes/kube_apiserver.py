@@ -668,6 +668,12 @@ class FakeKubeApiServer:
         with self._lock:
             self._tokens[token] = info
 
+    def token_audiences(self, token: str) -> tuple[str, ...]:
+        """The audiences `token` was minted for; () for a token this server never issued."""
+        with self._lock:
+            info = self._tokens.get(token)
+        return info.audiences if info is not None else ()
+
     def stall(
         self, verb: str = "*", api_group: str = "", resource: str = "*", name: str = "*"
     ) -> Stall:

@@ -116,3 +116,23 @@ The blockers' PriorityClass (priorityclass.yaml, preemptionPolicy Never): the ag
 {{- end -}}
 [{{ join ", " $quoted }}]
 {{- end -}}
+
+{{/*
+The NetworkPolicy's API-server peers as a JSON array: networkPolicy.apiServer, else the
+`kubernetes` Service's endpoints read at install (lookup), else none. An offline render
+(helm template, Argo CD, Flux) cannot read them and admits no API-server peer: never
+0.0.0.0/0, which would keep no pod off the port on networks that match pod traffic by
+address. The policy and NOTES.txt say so (deploy/README.md, "Network policy").
+*/}}
+{{- define "gpu-hotmount.apiServerPeers" -}}
+{{- $peers := .Values.networkPolicy.apiServer | default list -}}
+{{- if not $peers -}}
+{{- $endpoints := lookup "v1" "Endpoints" "default" "kubernetes" -}}
+{{- range ($endpoints.subsets | default list) -}}
+{{- range (.addresses | default list) -}}
+{{- $peers = append $peers (dict "ipBlock" (dict "cidr" (printf "%s/%s" .ip (ternary "128" "32" (contains ":" .ip))))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $peers | toJson -}}
+{{- end -}}
