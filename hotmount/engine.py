@@ -272,7 +272,13 @@ class Engine:
     ) -> UnmountResult:
         """`force` stops the leaving devices' holders; with `spare_staying` (the default)
         never one that also uses a device that stays (HeldWithStayingDevices). A take-back
-        (the books are wrong: the GPU is another pod's) passes False."""
+        (the books are wrong: the GPU is another pod's) passes False.
+
+        `force` never depends on a complete look at the container's open files: where it
+        cannot finish (a flood of fds, a filesystem that does not answer), the device is
+        revoked and its nodes removed anyway, then its holders and the processes the
+        look could not clear are stopped (`unclassified_pids`, `unclassified_why`).
+        Without `force` that is ScanIncomplete, and nothing changes."""
         container, alive = self._enter(ref)
         with alive, self.ledger.lock(container.key):
             record = self._record_for(container, alive.start_time)
@@ -284,33 +290,51 @@ class Engine:
             if not targets:
                 return UnmountResult(container.as_dict(), [], missing, [], [])
             leaving = plan.nodes_to_remove(record, targets)
-            stopped = self.use.clear(
+            with self.use.clear(
                 self.inventory, container, record, targets, leaving, force, spare_staying
-            )
-            staying = [k for k in record.devices if k not in targets]
-            record.pending = PendingOp(
-                op="unmount",
-                devices=targets,
-                nodes=leaving,
-                driver=record.driver if not staying else [],
-            )
-            self.ledger.save(record)
-            driver_removed: list[str] = []
-            driver_detached: list[str] = []
-            removed = self.steps.apply_unmount(record, container, (driver_removed, driver_detached))
+            ) as cleared:
+                staying = [k for k in record.devices if k not in targets]
+                record.pending = PendingOp(
+                    op="unmount",
+                    devices=targets,
+                    nodes=leaving,
+                    driver=record.driver if not staying else [],
+                )
+                self.ledger.save(record)
+                driver_removed: list[str] = []
+                driver_detached: list[str] = []
+                removed = self.steps.apply_unmount(
+                    record, container, (driver_removed, driver_detached)
+                )
+                # A forced unmount whose look at open files could not finish stops its
+                # processes now, with the device revoked and its nodes gone.
+                cleared.after_revoke()
             # Interfaces last: nodes gone and grants revoked first, no window between
             # the in-use check and the revoke.
             returned = self.netdevs.leaving(container.key, staying)
-            log.info("unmounted %s from %s", targets, container.key)
+            unclassified = sorted({h.pid for h in cleared.unclassified} | set(cleared.swept))
+            if unclassified:
+                log.warning(
+                    "unmounted %s from %s without a complete look at its open files (%s): "
+                    "stopped PIDs %s, which it could not clear, after the revoke",
+                    targets,
+                    container.key,
+                    cleared.why,
+                    ", ".join(map(str, cleared.stopped)),
+                )
+            else:
+                log.info("unmounted %s from %s", targets, container.key)
             return UnmountResult(
                 container.as_dict(),
                 targets,
                 missing,
-                stopped,
+                cleared.stopped,
                 removed,
                 returned,
                 driver_removed=driver_removed,
                 driver_detached=driver_detached,
+                unclassified_pids=unclassified,
+                unclassified_why=cleared.why,
             )
 
     def _keys(self, record: ContainerRecord, refs: list[str] | None) -> list[str]:

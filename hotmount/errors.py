@@ -16,7 +16,9 @@
     │   ├── UnsafePath                 an existing path is not the expected device node
     │   └── DriverRefused              the driver's files cannot be placed (a read-only root)
     └── KernelError               500  a syscall failed for a reason that is not the caller's
-        └── BpfError                   a bpf() command failed (verifier log attached)
+        ├── BpfError                   a bpf() command failed (verifier log attached)
+        └── ChildTimeout          504  a bounded child ran past its deadline and was killed
+            └── ScanIncomplete         the look at open files could not tell who holds a device
 
 The agent maps `reason` and the HTTP code straight into a Kubernetes `Status`.
 """
@@ -133,3 +135,14 @@ class ChildTimeout(KernelError):
 
     reason = "Timeout"
     http_status = 504
+
+
+class ScanIncomplete(ChildTimeout):
+    """The look at a container's open files could not finish in time (a flood of fds, a
+    filesystem that does not answer): whether `unclassified` hold the device is unknown.
+    An unmount without `force` is refused with it, and nothing changes; `force` goes on
+    without that answer (hotmount/usage.py)."""
+
+    def __init__(self, message: str, unclassified: list[Holder]) -> None:
+        super().__init__(message)
+        self.unclassified = unclassified

@@ -34,11 +34,15 @@ class UseCheck:
         leaving: list[NodeRecord],
         force: bool,
         spare_staying: bool,
-    ) -> list[int]:
+    ) -> usage.Clearance:
         """Nothing may hold what leaves: the nodes that leave (a shared control node such
         as nvidiactl only with the last device that uses it) and, by NVML, the leaving
         GPUs. `force` stops those holders, but with `spare_staying` never one that also
-        holds a staying device's own node or has an NVML context on a staying GPU."""
+        holds a staying device's own node or has an NVML context on a staying GPU.
+
+        The `Clearance` it answers is the caller's to close; under `force`, where the look
+        could not finish, its `after_revoke()` stops the holders and the processes the
+        look could not clear once the device is revoked (hotmount/usage.py)."""
         staying = [k for k in record.devices if k not in targets]
         own = {k: d.nodes for k in staying if (d := inventory.get(k)) is not None}
         kept = plan.kept_numbers(record, targets, own) if spare_staying else set()

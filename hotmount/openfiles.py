@@ -1,5 +1,5 @@
 """Which character devices a container's processes hold open, without hanging on a
-tenant's filesystem.
+tenant's filesystem, and in bounded time and memory whatever the tenant holds open.
 
 `stat("/proc/PID/fd/N")` follows the fd into the file: on a volume whose NFS server
 the tenant stopped, or on a FUSE server that never answers, it blocks for ever. So
@@ -15,9 +15,9 @@ each fd is looked at in steps that touch no filesystem first:
    is stat'ed. The path is not trusted for this: a tenant can name a FUSE file
    `/dev/anything` in its own mount namespace, and the mount says what it is;
 3. a dev-capable mount of any other filesystem (NFS, FUSE, CIFS, ...) may hold a device
-   node the tenant made, so it is stat'ed too, but last and apart, in a child of its
-   own: if it does not answer in time the scan fails with `ChildTimeout` naming those
-   files (nothing is stopped or revoked on a guess).
+   node the tenant made, so it is stat'ed too, but last and apart, one process per call
+   to a child of its own: if it does not answer in time, that process and those after
+   it are not classified (below), naming their files.
 
 Both passes run in killable children with a deadline, kept for the next scan
 (hotmount/workers.py: an unmount does not pay a fork): a tenant that swaps an fd
@@ -25,67 +25,222 @@ between step 2 and the stat (a race) costs one failed scan, not the agent. That 
 is why even the scan of local files is not done in the agent's own process: the mount
 read from fdinfo is the fd's a moment before the stat follows it, and a stat that
 blocks there could never be killed.
+
+A tenant can also make the scan long rather than hung: each fd costs tens of
+microseconds, and a few processes holding hundreds of thousands of dup'd fds each
+outlast any deadline. So a scan never depends on finishing (issue 40):
+
+- each pass stops looking after a budget (`BUDGET_SHARE` of the deadline) and answers
+  what it knows: the holders it found, and the processes it could not finish
+  (`Scan.unclassified`, with `why`); a pass killed at its deadline leaves every process
+  it was asked about unclassified. What callers do with that is hotmount/usage.py's;
+- processes are looked at smallest fd table first (`FDSize`), so the ones that flood
+  are left over, not the others;
+- what one answer carries is bounded whatever the container holds open: a holder's
+  paths are deduplicated and at most `PATHS_PER_PID` are named (at most `MAX_NAMED` in
+  all, each cut at `MAX_PATH` characters; the other holders come by PID alone), and at
+  most `MAX_REMOTE` fds go to the second pass (past that, their processes are
+  unclassified). A reply used to carry one entry per fd: ~157 MB in the agent per
+  million dup'd fds of the GPU.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from hotmount import workers
+from hotmount import forked, workers
 from hotmount.errors import ChildTimeout
 from hotmount.mounts import LOCAL_FILESYSTEMS, MountTable, mnt_id
 
+BUDGET_SHARE = 0.5  # of the deadline: a pass stops looking then and answers what it knows
+PATHS_PER_PID = 4  # distinct paths named per holder (it is a holder from the first)
+MAX_NAMED = 256  # (PID, path) pairs in one answer; further holders come by PID alone
+MAX_PATH = 256  # characters of a path kept for messages
+MAX_REMOTE = 8192  # fds one scan hands to the second pass
+_SHOWN = 5  # processes or files a reason names
+
 
 @dataclass(frozen=True)
-class _Remote:
-    """An fd on a dev-capable mount of a filesystem that may not answer."""
+class Scan:
+    """One look at the open files of some processes.
 
-    pid: int
-    fd_path: str
-    target: str
-    fstype: str
+    `found`: (PID, path) of holders, a few distinct paths each; `holders`: every holder's
+    PID (those past `MAX_NAMED` have no path in `found`); `unclassified`: PIDs whose
+    open files were not all looked at, nor found holding, and `why`."""
+
+    found: list[tuple[int, str]] = field(default_factory=list)
+    holders: list[int] = field(default_factory=list)
+    unclassified: list[int] = field(default_factory=list)
+    why: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return not self.unclassified
+
+    def named_holders(self) -> list[tuple[int, str]]:
+        """`found`, and ("" for the path) each holder past `MAX_NAMED`."""
+        named = {pid for pid, _ in self.found}
+        return self.found + [(pid, "") for pid in self.holders if pid not in named]
 
 
-def holding(proc: Path, pids: list[int], numbers: set[tuple[int, int]]) -> list[tuple[int, str]]:
-    """(PID, path) of each fd among `pids` open on a character device in `numbers`."""
+def scan(proc: Path, pids: list[int], numbers: set[tuple[int, int]]) -> Scan:
+    """Who among `pids` holds a character device in `numbers` open, as far as the budget
+    goes; never fails for lack of time (what is left is `unclassified`)."""
     if not pids or not numbers:
-        return []
-    found, remote = workers.call(
-        _scan, (proc, pids, numbers), "the scan of the container's open files"
-    )
-    if remote:
+        return Scan()
+    seconds = forked.DEFAULT_DEADLINE
+    budget = seconds * BUDGET_SHARE
+    try:
+        named, holders, left, why, remote = workers.call(
+            _scan,
+            (proc, pids, numbers, time.monotonic() + budget, budget),
+            "the scan of the container's open files",
+            seconds,
+        )
+    except ChildTimeout as exc:
+        return Scan(unclassified=sorted(set(pids)), why=exc.message)
+    reasons = [why] if why else []
+    if remote.fds:
+        more, more_holders, late, detail = _second_pass(proc, remote, numbers, seconds, budget)
+        if late:
+            shown = [(p, *remote.shown[p]) for p in late if p in remote.shown][:_SHOWN]
+            files = ", ".join(f"PID {p} {target} ({fstype})" for p, target, fstype in shown)
+            reasons.append(f"open files on a filesystem that does not answer: {files} ({detail})")
+        named = list(dict.fromkeys(named + more))[:MAX_NAMED]
+        holders = [*holders, *more_holders]
+        left = [*left, *late]
+    held = set(holders)
+    left = sorted(set(left) - held)
+    return Scan(sorted(named), sorted(held), left, "; ".join(reasons) if left else "")
+
+
+def _second_pass(
+    proc: Path, remote: _Remote, numbers: set[tuple[int, int]], seconds: float, budget: float
+) -> tuple[list[tuple[int, str]], list[int], list[int], str]:
+    """The fds on mounts that may not answer, stat'ed one process per call, in the first
+    pass's order: a file that hangs costs the worker that stats it and leaves its process
+    and those after it unclassified, not the processes already looked at. The whole pass
+    stops looking after `budget` and waits `seconds` at most, as one call would.
+    (named holders, holder PIDs, PIDs not looked at, why not)."""
+    by_pid: dict[int, list[tuple[int, int]]] = {}
+    for pid, fd in remote.fds:
+        by_pid.setdefault(pid, []).append((pid, fd))
+    start = time.monotonic()
+    stop_at, end = start + budget, start + seconds
+    named: list[tuple[int, str]] = []
+    holders: list[int] = []
+    late: list[int] = []
+    detail = ""
+    order = list(by_pid)
+    for i, pid in enumerate(order):
+        wait = end - time.monotonic()
+        if wait <= 0 or time.monotonic() >= stop_at:
+            late += order[i:]
+            detail = f"not all answered within {budget:g}s"
+            break
         try:
-            found += workers.call(_stat_remote, (proc, remote, numbers),
-                                  "a look at open files on network or FUSE mounts")  # fmt: skip
+            more, more_holders, missed = workers.call(
+                _stat_remote,
+                (proc, by_pid[pid], numbers, stop_at),
+                "a look at open files on network or FUSE mounts",
+                wait,
+            )
         except ChildTimeout as exc:
-            files = ", ".join(f"PID {r.pid} {r.target} ({r.fstype})" for r in remote[:5])
-            raise ChildTimeout(
-                f"could not tell whether the container's processes hold the device: "
-                f"open files on a filesystem that does not answer: {files} ({exc.message})"
-            ) from exc
-    return sorted(set(found))
+            late += order[i:]
+            detail = exc.message
+            break
+        named += more
+        holders += more_holders
+        if missed:
+            late += [*missed, *order[i + 1 :]]
+            detail = f"not all answered within {budget:g}s"
+            break
+    return named, holders, late, detail
+
+
+@dataclass
+class _Remote:
+    """fds on dev-capable mounts of filesystems that may not answer: (PID, fd) each, and
+    one of each process's (target, filesystem type) for a message (the first few)."""
+
+    fds: list[tuple[int, int]] = field(default_factory=list)
+    shown: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+
+class _Found:
+    """Holders as the worker finds them, bounded: see the module's docstring."""
+
+    def __init__(self) -> None:
+        self.named: list[tuple[int, str]] = []
+        self.holders: dict[int, set[str]] = {}
+
+    def add(self, pid: int, target: str) -> bool:
+        """Note `pid` holds `target`; True once it has `PATHS_PER_PID` distinct paths."""
+        paths = self.holders.setdefault(pid, set())
+        path = target[:MAX_PATH]
+        if path not in paths and len(paths) < PATHS_PER_PID:
+            paths.add(path)
+            if len(self.named) < MAX_NAMED:
+                self.named.append((pid, path))
+        return len(paths) >= PATHS_PER_PID
 
 
 def _scan(
-    proc: Path, pids: list[int], numbers: set[tuple[int, int]]
-) -> tuple[list[tuple[int, str]], list[_Remote]]:  # pragma: no cover - runs in a child
-    found: list[tuple[int, str]] = []
-    remote: list[_Remote] = []
+    proc: Path, pids: list[int], numbers: set[tuple[int, int]], stop_at: float, budget: float
+) -> tuple[list[tuple[int, str]], list[int], list[int], str, _Remote]:  # pragma: no cover
+    """(named holders, holder PIDs, unclassified PIDs, why, fds for the second pass)."""
+    found = _Found()
+    remote = _Remote()
+    unclassified: list[int] = []
+    reasons: list[str] = []
     tables: dict[str, MountTable] = {}
-    for pid in pids:
-        base = os.path.join(proc, str(pid))
-        try:
-            names = os.listdir(os.path.join(base, "fd"))
-            ns = os.readlink(os.path.join(base, "ns", "mnt"))
-            mounts = tables.get(ns)
-            if mounts is None:
-                mounts = tables[ns] = MountTable(os.path.join(base, "mountinfo"))
-        except OSError:
-            continue  # exited, or a kernel thread
-        for name in names:
+    order = sorted(pids, key=lambda p: _fd_table_size(proc, p))
+    for i, pid in enumerate(order):
+        if time.monotonic() >= stop_at:
+            unclassified += order[i:]
+            reasons.append(_out_of_time(proc, order[i:], budget))
+            break
+        outcome = _scan_one(proc, pid, numbers, stop_at, found, remote, tables)
+        if outcome == "time":
+            unclassified += [p for p in order[i:] if p not in found.holders]
+            reasons.append(_out_of_time(proc, order[i:], budget))
+            break
+        if outcome == "remote" and pid not in found.holders:
+            unclassified.append(pid)
+            reasons.append(f"PID {pid} has more open files on network or FUSE mounts than "
+                           f"one scan looks at ({MAX_REMOTE})")  # fmt: skip
+    return found.named, sorted(found.holders), unclassified, "; ".join(reasons), remote
+
+
+def _scan_one(
+    proc: Path,
+    pid: int,
+    numbers: set[tuple[int, int]],
+    stop_at: float,
+    found: _Found,
+    remote: _Remote,
+    tables: dict[str, MountTable],
+) -> str:  # pragma: no cover - runs in a child
+    """Look at one process's fds: "done", or why not all: "time", "remote"."""
+    base = os.path.join(proc, str(pid))
+    try:
+        ns = os.readlink(os.path.join(base, "ns", "mnt"))
+        mounts = tables.get(ns)
+        if mounts is None:
+            mounts = tables[ns] = MountTable(os.path.join(base, "mountinfo"))
+        entries = os.scandir(os.path.join(base, "fd"))  # streamed: no list of every fd
+    except OSError:
+        return "done"  # exited, or a kernel thread
+    mark = len(remote.fds)
+    with entries:
+        for entry in entries:
+            if time.monotonic() >= stop_at:
+                return "time"
+            name = entry.name
             fd_path = os.path.join(base, "fd", name)
             try:
                 target = os.readlink(fd_path)
@@ -98,31 +253,62 @@ def _scan(
             if mount is not None and mount.nodev:
                 continue
             if mount is None or mount.fstype not in LOCAL_FILESYSTEMS:
-                fstype = mount.fstype if mount else "unknown"
-                remote.append(_Remote(pid, fd_path, target, fstype))
+                if len(remote.fds) >= MAX_REMOTE:
+                    del remote.fds[mark:]  # its others go too: it is unclassified anyway
+                    return "remote"
+                remote.fds.append((pid, int(name)))
+                if pid not in remote.shown and len(remote.shown) < MAX_NAMED:
+                    fstype = mount.fstype if mount else "unknown"
+                    remote.shown[pid] = (target[:MAX_PATH], fstype)
                 continue
-            found += _holder(proc, pid, fd_path, target, numbers)
-    return found, remote
+            if _holds(fd_path, numbers) and found.add(pid, target):
+                del remote.fds[mark:]  # a holder already: nothing more to learn
+                return "done"
+    return "done"
 
 
 def _stat_remote(
-    proc: Path, remote: list[_Remote], numbers: set[tuple[int, int]]
-) -> list[tuple[int, str]]:  # pragma: no cover - runs in a child
-    found: list[tuple[int, str]] = []
-    for r in remote:
-        found += _holder(proc, r.pid, r.fd_path, r.target, numbers)
-    return found
+    proc: Path, fds: list[tuple[int, int]], numbers: set[tuple[int, int]], stop_at: float
+) -> tuple[list[tuple[int, str]], list[int], list[int]]:  # pragma: no cover - runs in a child
+    """(named holders, holder PIDs, PIDs not looked at in time) among `fds`."""
+    found = _Found()
+    for i, (pid, fd) in enumerate(fds):
+        if time.monotonic() >= stop_at:
+            late = {p for p, _ in fds[i:]} - set(found.holders)
+            return found.named, sorted(found.holders), sorted(late)
+        fd_path = os.path.join(proc, str(pid), "fd", str(fd))
+        if _holds(fd_path, numbers):
+            try:
+                target = os.readlink(fd_path)
+            except OSError:
+                target = fd_path
+            found.add(pid, target)
+    return found.named, sorted(found.holders), []
 
 
-def _holder(
-    proc: Path, pid: int, fd_path: str, target: str, numbers: set[tuple[int, int]]
-) -> list[tuple[int, str]]:  # pragma: no cover - runs in a child
+def _holds(fd_path: str, numbers: set[tuple[int, int]]) -> bool:  # pragma: no cover - in a child
     try:
         st = os.stat(fd_path)  # follows the magic link to the open file
     except OSError:
-        return []
+        return False
     if not stat.S_ISCHR(st.st_mode):
-        return []
-    if (os.major(st.st_rdev), os.minor(st.st_rdev)) not in numbers:
-        return []
-    return [(pid, target)]
+        return False
+    return (os.major(st.st_rdev), os.minor(st.st_rdev)) in numbers
+
+
+def _fd_table_size(proc: Path, pid: int) -> int:  # pragma: no cover - runs in a child
+    """`FDSize` of /proc/PID/status: the process's fd table (0 where it cannot be read)."""
+    try:
+        with open(os.path.join(proc, str(pid), "status"), "rb") as status:
+            text = status.read()
+    except OSError:
+        return 0
+    at = text.find(b"FDSize:")
+    return int(text[at + 7 :].split(None, 1)[0]) if at >= 0 else 0
+
+
+def _out_of_time(proc: Path, pids: list[int], budget: float) -> str:  # pragma: no cover
+    """Why `pids` were left: the budget, and the largest fd tables among them."""
+    sizes = sorted(((_fd_table_size(proc, p), p) for p in pids), reverse=True)[:_SHOWN]
+    tables = ", ".join(f"PID {p}: {n}" for n, p in sizes)
+    return f"the look stopped at its budget of {budget:g}s (largest fd tables: {tables})"

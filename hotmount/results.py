@@ -38,6 +38,10 @@ class UnmountResult:
     netdevs: list[str] = field(default_factory=list)  # host interfaces given back
     driver_removed: list[str] = field(default_factory=list)  # driver files taken out
     driver_detached: list[str] = field(default_factory=list)  # of those, busy: detached lazily
+    # A forced unmount whose look at open files could not finish: the PIDs (in
+    # stopped_pids too) it stopped after the revoke because no look cleared them, and why.
+    unclassified_pids: list[int] = field(default_factory=list)
+    unclassified_why: str = ""
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -78,7 +78,7 @@ def test_unmount_fails_bounded_when_a_holder_has_a_dev_named_file_on_a_hung_moun
     """The attack: a file named /dev/... on the tenant's own (dev-capable) FUSE mount,
     held open, then the server stops. The scan may not stat it in the agent's thread;
     it cannot tell whether that fd is a GPU, so the unmount fails, bounded, and changes
-    nothing (it never revokes or stops on a guess)."""
+    nothing (it never revokes or stops on a guess). A forced one does not wait for it."""
     engine.mount(container.id, [GPU1])
     fuse.mount_in(container.pid, "/dev/hung")
     holder = hold_file(container, "/dev/hung/file")
@@ -90,6 +90,17 @@ def test_unmount_fails_bounded_when_a_holder_has_a_dev_named_file_on_a_hung_moun
         assert "/dev/hung/file (fuse)" in outcome.message
         assert GPU1 in engine.ledger.load(container.id).devices
         assert container.open_result("/dev/nvidia1") == "OK"  # still granted
+
+        # Forced (issue 40): the GPU goes anyway, revoked first; then the process the
+        # look could not clear, the hung file's holder, is stopped, and only it.
+        forced = _bounded(lambda: engine.unmount(container.id, [GPU1], force=True))
+        assert not isinstance(forced, BaseException), forced
+        assert forced.unmounted == [GPU1]  # (`ls /dev` would stat the hung mount)
+        assert container.open_result("/dev/nvidia1") == "ENOENT"
+        assert len(forced.unclassified_pids) == 1
+        assert "/dev/hung/file (fuse)" in forced.unclassified_why
+        assert set(forced.unclassified_pids) <= set(forced.stopped_pids)  # signalled
+        assert container.pid not in forced.stopped_pids
     finally:
         fuse.close()
         _end(holder)

@@ -83,6 +83,7 @@ class RuncContainer:
         share_pid_with: RuncContainer | None = None,
         share_net_with: RuncContainer | None = None,
         readonly_root: bool = False,
+        nofile: int | None = None,
     ):
         self.mode = mode
         self.id = new_id()
@@ -94,6 +95,10 @@ class RuncContainer:
         config["process"]["terminal"] = False
         config["process"]["args"] = args or ["sleep", "100000"]
         config["root"] = {"path": str(rootfs), "readonly": readonly_root}
+        if nofile is not None:  # RLIMIT_NOFILE, as a runtime's defaults allow
+            config["process"]["rlimits"] = [
+                {"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}
+            ]
         if share_pid_with is not None:
             for namespace in config["linux"]["namespaces"]:
                 if namespace["type"] == "pid":
@@ -152,10 +157,20 @@ class RuncContainer:
 
     def exec_in_background(self, *command: str) -> subprocess.Popen[bytes]:
         """`runc exec` that keeps running (a `kubectl exec` session); kill it to end it."""
-        argv = ["runc", "--root", str(self.state_root), "exec", self.id, *command]
+        argv = self.exec_argv(*command)
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+    def exec_argv(self, *command: str, exec_options: tuple[str, ...] = ()) -> list[str]:
+        """The command line of `runc exec [exec_options] ID command...` for this mode."""
+        argv = ["runc", "--root", str(self.state_root), "exec", *exec_options, self.id, *command]
         if self.mode == "v2":
             argv = ["unshare", "-m", "sh", "-c", _V2_PREFIX, "sh", *argv[1:]]
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        return argv
+
+    @property
+    def cgroup_dir(self) -> Path:
+        """Where the host finds the container's processes (`cgroup.procs`)."""
+        return self.v2_dir if self.mode == "v2" else self.v1_devices_dir
 
     def open_result(self, path: str) -> str:
         """Open `path` read-write inside the container: OK, or the errno name."""
