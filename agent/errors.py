@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.schemas import Status
-from hotmount.errors import DeviceBusy, DeviceClaimed, HotmountError
+from hotmount.errors import DeviceBusy, DeviceClaimed, HotmountError, ScanIncomplete
 
 
 class ApiError(Exception):
@@ -120,11 +120,10 @@ def status_of(exc: Exception) -> Status:
         return Status(reason=exc.reason, message=exc.message, code=exc.code, details=exc.details)
     if isinstance(exc, HotmountError):
         details: dict[str, Any] | None = None
-        if isinstance(exc, DeviceBusy):
+        if isinstance(exc, DeviceBusy | ScanIncomplete):
+            held = exc.holders if isinstance(exc, DeviceBusy) else exc.unclassified
             details = {
-                "holders": [
-                    {"pid": h.pid, "command": h.command, "path": h.path} for h in exc.holders
-                ]
+                "holders": [{"pid": h.pid, "command": h.command, "path": h.path} for h in held]
             }
         elif isinstance(exc, DeviceClaimed):
             details = {"owner": exc.owner, "holders": exc.holders}

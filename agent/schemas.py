@@ -364,6 +364,11 @@ class UnmountResult(Model):
     netdevs: list[str] = Field(default_factory=list)  # host interfaces given back
     driver_removed: list[str] = Field(default_factory=list)  # the driver's files taken out
     driver_detached: list[str] = Field(default_factory=list)  # of those, busy: detached lazily
+    # A forced unmount whose look at the open files could not finish (a flood of fds, a
+    # filesystem that does not answer): the PIDs (among stopped_pids) it stopped without
+    # telling whether they held the device, after the revoke, and why.
+    unclassified_pids: list[int] = Field(default_factory=list)
+    unclassified_why: str | None = None
 
 
 class SuspendRequest(Request):

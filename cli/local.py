@@ -84,6 +84,8 @@ class LocalEngine:
             unmounted=result.unmounted,
             not_mounted=result.not_mounted,
             stopped_pids=result.stopped_pids,
+            unclassified_pids=result.unclassified_pids,
+            unclassified_why=result.unclassified_why or None,
         )
 
     def status(self, container_id: str) -> PodDevices:

@@ -323,6 +323,12 @@ def unmount_table(result: UnmountResult) -> str:
     lines.append(f"from {where}")
     if result.stopped_pids:
         lines.append(f"stopped PIDs: {', '.join(str(p) for p in result.stopped_pids)}")
+    if result.unclassified_pids:
+        unclassified = ", ".join(str(p) for p in result.unclassified_pids)
+        lines.append(
+            f"  of which not looked at in full, stopped after the revoke: {unclassified} "
+            f"({result.unclassified_why})"
+        )
     if result.holder_pods_deleted:
         lines.append(f"holder pods deleted: {', '.join(result.holder_pods_deleted)}")
     if result.netdevs:

@@ -22,6 +22,7 @@ from agent.metrics import Metrics
 from agent.node.holders import HOLDER_LABEL, HolderPods
 from agent.node.kubelet import KubeletBooks, KubeletHold
 from agent.node.locks import ContainerLocks
+from agent.node.results import unclassified_text
 from hotmount import engine as eng
 from hotmount.errors import HotmountError
 from hotmount.ledger import ContainerRecord, DeviceRecord
@@ -185,10 +186,19 @@ class DoubleBookings:
                 if current is None or current.mounted_at != entry.mounted_at:
                     return  # unmounted (or mounted anew) meanwhile
                 before = {h for h in [current.metadata.get("holder")] if h}
-                self.engine.unmount(ref, [entry.key], force=True, spare_staying=False)
+                # Forced: never waits on a complete look at the open files.
+                result = self.engine.unmount(ref, [entry.key], force=True, spare_staying=False)
                 self.holders.release(namespace, before)
         except (HotmountError, ApiError) as exc:
             log.warning("cannot take double-booked %s back from %s: %s", entry.key, ref, exc)
             return
         self.metrics.double_bookings_taken_back.inc()
-        log.warning("took double-booked %s back from %s", entry.key, ref)
+        more = unclassified_text(result)
+        log.warning("took double-booked %s back from %s%s", entry.key, ref, more)
+        if more and self.kube is not None:
+            self.kube.record_event(
+                booking.mounted_in,
+                EVENT_REASON,
+                f"took GPU {booking.label} back{more}",
+                warning=True,
+            )

@@ -25,7 +25,7 @@ from agent.kube.client import KubeClient, PodInfo, owner_reference
 from agent.kube.dra import ResourceApi
 from agent.node.locks import ContainerLocks
 from agent.node.remounts import named_holders
-from agent.node.results import require_kube
+from agent.node.results import require_kube, unclassified_text
 from hotmount import engine as eng
 from hotmount.errors import HotmountError
 from hotmount.ledger import ContainerRecord
@@ -370,6 +370,7 @@ class HolderPods:
                 ):
                     continue  # still there (only its labels changed): the books are right
                 ref = record.container_id or record.key
+                result = None
                 try:
                     with self.locks.hold(ref):
                         now = self.engine.ledger.load(record.key)
@@ -381,25 +382,28 @@ class HolderPods:
                             and now.devices[k].metadata.get("holder") == holder
                         ]
                         if mine:
-                            self.engine.unmount(ref, mine, force=True, spare_staying=False)
+                            # Forced: never waits on a complete look at the open files.
+                            result = self.engine.unmount(ref, mine, force=True, spare_staying=False)
                 except HotmountError as exc:
                     log.warning("cannot take back %s from %s: %s", keys, ref, exc.message)
                     continue
                 if mine:
+                    more = unclassified_text(result) if result else ""
                     log.warning(
                         "took %s back from %s: its holder pod %s/%s is gone, so the kubelet "
-                        "counts it free",
+                        "counts it free%s",
                         ", ".join(mine),
                         ref,
                         namespace,
                         holder,
+                        more,
                     )
-                    self._tell_pod(record, namespace, mine, holder)
+                    self._tell_pod(record, namespace, mine, holder, more)
                     taken += mine
         return taken
 
     def _tell_pod(
-        self, record: ContainerRecord, namespace: str, keys: list[str], holder: str
+        self, record: ContainerRecord, namespace: str, keys: list[str], holder: str, more: str
     ) -> None:
         """A Warning Event on the pod: a GPU taken from a tenant is never silent."""
         pod_name = record.devices[keys[0]].metadata.get("pod")  # the snapshot before
@@ -410,7 +414,7 @@ class HolderPods:
             pod_name,
             "GPUTakenBack",
             f"took {', '.join(keys)} back: its pin or holder pod {holder} is gone, so the "
-            "kubelet counts the GPU free and may give it to another pod",
+            f"kubelet counts the GPU free and may give it to another pod{more}",
             warning=True,
         )
 

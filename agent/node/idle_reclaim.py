@@ -20,13 +20,13 @@ from agent.node.holders import HolderPods
 from agent.node.idle_state import IdleState
 from agent.node.idle_suspend import suspend_idle
 from agent.node.locks import ContainerLocks
-from agent.node.results import clock_key, device_label
+from agent.node.results import clock_key, device_label, unclassified_text
 from agent.schemas import MountRequest
 from hotmount import engine as eng
 from hotmount import usage
 from hotmount.activity import ActivitySampler, GpuActivity
 from hotmount.devices.rdma import RDMA_NODE_DIR, is_rdma
-from hotmount.errors import DeviceBusy, HeldWithStayingDevices, HotmountError
+from hotmount.errors import DeviceBusy, HeldWithStayingDevices, HotmountError, ScanIncomplete
 from hotmount.ledger import ContainerRecord, DeviceRecord
 from hotmount.suspend.model import gpu_uuid
 
@@ -121,6 +121,17 @@ class IdleReclaim:
         container's last GPU leaves (hotmount/inuse.py `UseCheck.clear`). Under
         `suspend`, idle is judged as under `unused` and the container's GPUs are
         suspended instead (agent/node/idle_suspend.py): no process is stopped.
+
+        A look at the open files that cannot finish (a tenant's fd flood, a filesystem
+        that does not answer, hotmount/openfiles.py) cannot prove the GPU idle: under
+        `unheld` it counts as held, as a process holding the GPU open does (the flood
+        gets the tenant nothing an open fd would not). It never blocks a reclaim that
+        is due under `unused`: that unmount is forced, and a forced unmount revokes the
+        GPU anyway and stops the processes the look could not clear (but, while other
+        GPUs stay in the container, not a process that may use them: the reclaim is
+        skipped, GPUReclaimSkipped, as for a process that holds both). Nor does it block
+        a take-back: a mount whose pin or holder is gone goes whatever any look finds
+        (agent/node/holders.py).
         """
         state = self._state()
         mounts = []
@@ -245,9 +256,18 @@ class IdleReclaim:
                 if p in record.nodes
             }
         try:
-            found = len(usage.holders(self.engine.host.proc, pids, numbers))
-        except HotmountError as exc:  # a filesystem that does not answer: held, not idle
+            seen = usage.look(self.engine.host.proc, pids, numbers)
+        except HotmountError as exc:
             log.warning("idle check of %s in %s: %s", entry.key, record.key, exc.message)
+            return 1
+        found = len(seen.found)
+        if not found and not seen.complete:  # cannot prove it idle: held
+            log.warning(
+                "idle check of %s in %s: counted as held: %s",
+                entry.key,
+                record.key,
+                seen.error(record.key).message,
+            )
             return 1
         if not found and device is not None and device.uuid and self.engine.config.use_nvml:
             found = len(usage.nvml_pids([device.uuid]) & set(pids))
@@ -286,6 +306,7 @@ class IdleReclaim:
         unused = idle.policy_of(meta) == idle.UNUSED and key not in self._notes
         idle_for = look.now - (look.since or look.now)
         stopped: list[int] = []
+        more = ""
         try:
             with self.locks.hold(ref):
                 now = self.engine.ledger.load(record.key)
@@ -300,7 +321,9 @@ class IdleReclaim:
                     return False
                 before = self.holders.named_in(ref)
                 result = self.engine.unmount(ref, [entry.key], force=unused)
-                stopped = list(result.stopped_pids)
+                unclassified = set(result.unclassified_pids)
+                stopped = [p for p in result.stopped_pids if p not in unclassified]
+                more = unclassified_text(result)
                 released: list[str] = []
                 if namespace:
                     try:
@@ -310,8 +333,9 @@ class IdleReclaim:
         except HeldWithStayingDevices as exc:
             self._skipped(look, exc)
             return False
-        except DeviceBusy as exc:
-            self._idle.observe(key, 1, time.time())  # opened meanwhile: held again
+        except (DeviceBusy, ScanIncomplete) as exc:
+            # Opened meanwhile, or (unheld) it cannot be proved idle: held again.
+            self._idle.observe(key, 1, time.time())
             log.info(
                 "reclaim of %s from %s: in use, its idle clock restarts: %s",
                 entry.key,
@@ -338,6 +362,7 @@ class IdleReclaim:
                 f"; stopped PIDs {', '.join(map(str, stopped))} that held it (SIGTERM, then "
                 f"SIGKILL after {self.settings.stop_grace:g}s)"
             )
+        why += more
         label = self._device_text(entry.key)
         log.info("reclaimed %s from %s: %s; holder pods deleted: %s", label, ref, why, released)
         container = meta.get("container") or ref

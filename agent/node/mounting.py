@@ -30,6 +30,7 @@ from agent.node.results import (
     mount_result,
     pod_of,
     record_event,
+    unclassified_text,
 )
 from agent.node.targets import Targets
 from agent.schemas import ContainerMount, MountRequest, MountResult, UnmountResult
@@ -244,12 +245,18 @@ class Mounting:
                 netdevs=result.netdevs,
                 driver_removed=result.driver_removed,
                 driver_detached=result.driver_detached,
+                unclassified_pids=result.unclassified_pids,
+                unclassified_why=result.unclassified_why or None,
             )
             out.holder_pods_deleted = released
             if result.unmounted:
                 names = ", ".join(result.unmounted)
                 record_event(
-                    self.kube, info, "GPUUnmounted", f"took {names} from {chosen.name} for {user}"
+                    self.kube,
+                    info,
+                    "GPUUnmounted",
+                    f"took {names} from {chosen.name} for {user}{unclassified_text(result)}",
+                    warning=bool(result.unclassified_pids),
                 )
             return out
 
@@ -366,4 +373,6 @@ class Mounting:
             netdevs=done.netdevs,
             driver_removed=done.driver_removed,
             driver_detached=done.driver_detached,
+            unclassified_pids=done.unclassified_pids,
+            unclassified_why=done.unclassified_why or None,
         )

@@ -26,9 +26,25 @@ def require_kube(kube: KubeClient | None) -> KubeClient:
     return kube
 
 
-def record_event(kube: KubeClient | None, pod: PodInfo, reason: str, message: str) -> None:
+def record_event(
+    kube: KubeClient | None, pod: PodInfo, reason: str, message: str, warning: bool = False
+) -> None:
     if kube is not None:
-        kube.record_event(pod, reason, message)
+        kube.record_event(pod, reason, message, warning=warning)
+
+
+def unclassified_text(result: engine_results.UnmountResult) -> str:
+    """For a log line or an Event: which processes a forced unmount stopped without a
+    complete look at the container's open files, and why ("" where there were none)."""
+    pids = result.unclassified_pids
+    if not pids:
+        return ""
+    shown = ", ".join(map(str, pids[:10])) + (f" and {len(pids) - 10} more" if pids[10:] else "")
+    return (
+        f"; the look at its open files could not finish ({result.unclassified_why}), so the "
+        f"GPU was revoked and its nodes removed first, then PIDs {shown}, which the look "
+        "could not clear, were stopped"
+    )
 
 
 @contextmanager

@@ -134,9 +134,15 @@ class Cluster:
         self.agents: list[AgentProcess] = []
 
     def pod(
-        self, name: str, mode: str = "v1", namespace: str = "default", node: str = "node-a"
+        self,
+        name: str,
+        mode: str = "v1",
+        namespace: str = "default",
+        node: str = "node-a",
+        nofile: int | None = None,
     ) -> RuncContainer:
-        container = RuncContainer(self.workdir, self.rootfs, mode)
+        """`nofile`: the container's RLIMIT_NOFILE (default runc's 1024)."""
+        container = RuncContainer(self.workdir, self.rootfs, mode, nofile=nofile)
         self.containers.append(container)
         self.kube.put_pod(pod_manifest(name, container, namespace, node))
         return container

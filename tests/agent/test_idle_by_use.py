@@ -46,9 +46,15 @@ def nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class UseScene:
     """A pod `nb` with a CUDA-ish holder of GPU 0 (by NVML), and the activity file."""
 
-    def __init__(self, cluster: Cluster, nvml_lib: Path, monkeypatch: pytest.MonkeyPatch):
+    def __init__(
+        self,
+        cluster: Cluster,
+        nvml_lib: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        nofile: int | None = None,
+    ):
         self.cluster = cluster
-        self.container = cluster.pod("nb")
+        self.container = cluster.pod("nb", nofile=nofile)
         self.kernel = self.container.exec_in_background("sleep", "1000")
         try:
             self.kernel_pid = wait_for(self._kernel_pid, "the holder's host PID", timeout=HUNG)
