@@ -2,15 +2,20 @@
 # The whole test suite: installs what it needs, lints, checks the layering, runs every test.
 # As root (CI) the kernel tests run on real runc containers; with CI set they may not skip.
 #
-#   scripts/test.sh              the whole suite, in two phases (below), with a time report
-#   scripts/test.sh ARGS...      one pytest run of ARGS (paths, -k, -x ...), no phases
+#   scripts/test.sh              the whole suite, in lanes (below), with a time report
+#   scripts/test.sh ARGS...      one pytest run of ARGS (paths, -k, -x ...), no lanes
 #
-# Phase 1 runs the tests that mostly wait on processes (tests/agent, cli, deploy, unit) in
-# pytest-xdist workers while the real-node tier's cold builds (tests/k8s/node/prebuild.sh)
-# fill the idle cores at the lowest priority. Phase 2 runs the real-node tier and then the
-# kernel tests in one process, in order: both own the node's kernel state while they run.
-# Environment: HOTMOUNT_TEST_WORKERS (phase 1's workers, default 4: two cores, mostly idle);
-# HOTMOUNT_TEST_RESULTS (where JUnit XML and the prebuild's log go, default a temp dir).
+# The whole suite runs in three lanes, so that the two cores are busy while tests wait:
+# - the real-node tier's cold builds (tests/k8s/node/prebuild.sh), from the start;
+# - the real-node tier (tests/k8s), from the start too: its fixtures wait on the builds'
+#   locks, then it runs (its log is printed when it ends). Builds then tier are the
+#   longest chain, so they run at normal priority;
+# - the tests that mostly wait on processes (tests/agent, cli, deploy, unit) in
+#   pytest-xdist workers at a lower priority (nice 5), from the start: many small tests
+#   that fill whatever the chain leaves idle.
+# The kernel tests run last, alone: they count the node's BPF objects and own its state.
+# Environment: HOTMOUNT_TEST_WORKERS (the workers, default 4: two cores, mostly idle);
+# HOTMOUNT_TEST_RESULTS (JUnit XML and the lanes' logs; default a new temporary folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -32,7 +37,7 @@ results=${HOTMOUNT_TEST_RESULTS:-$(mktemp -d /tmp/gpu-hotmount-test.XXXXXX)}
 mkdir -p "$results"
 prebuild=
 if [ "$(id -u)" = 0 ]; then
-  nice -n 19 bash tests/k8s/node/prebuild.sh >"$results/prebuild.log" 2>&1 &
+  bash tests/k8s/node/prebuild.sh >"$results/prebuild.log" 2>&1 &
   prebuild=$!
 fi
 .venv/bin/ruff check .
@@ -41,22 +46,31 @@ fi
 setup_seconds=$((SECONDS - started))
 
 status=0
-phase1_start=$SECONDS
-.venv/bin/pytest -p no:cacheprovider -n "${HOTMOUNT_TEST_WORKERS:-4}" --dist worksteal \
+tier_status=0
+lanes_start=$SECONDS
+.venv/bin/pytest -p no:cacheprovider --durations=20 --junitxml="$results/tier.xml" \
+  tests/k8s >"$results/tier.log" 2>&1 &
+tier=$!
+nice -n 5 .venv/bin/pytest -p no:cacheprovider -n "${HOTMOUNT_TEST_WORKERS:-4}" --dist worksteal \
   --durations=30 --junitxml="$results/parallel.xml" \
   tests/agent tests/cli tests/deploy tests/unit || status=$?
-phase1_seconds=$((SECONDS - phase1_start))
-phase2_start=$SECONDS
-.venv/bin/pytest -p no:cacheprovider --durations=30 --junitxml="$results/serial.xml" \
-  tests/k8s tests/kernel || status=$?
-phase2_seconds=$((SECONDS - phase2_start))
+parallel_seconds=$((SECONDS - lanes_start))
+wait "$tier" || tier_status=$?
+tier_seconds=$((SECONDS - lanes_start))
+echo "--- the real-node tier (tests/k8s), run beside the workers:"
+cat "$results/tier.log"
+[ "$tier_status" = 0 ] || status=$tier_status
 if [ -n "$prebuild" ]; then
   wait "$prebuild" || true
-  echo "--- the tier's builds (tests/k8s/node/prebuild.sh, in the background from the start):"
+  echo "--- its builds (tests/k8s/node/prebuild.sh, from the start):"
   grep '^prebuild:' "$results/prebuild.log" || true
 fi
-echo "--- wall time: setup and lint ${setup_seconds}s; phase 1 (parallel) ${phase1_seconds}s;" \
-  "phase 2 (tier, kernel) ${phase2_seconds}s; total $((SECONDS - started))s"
-reports=("$results"/parallel.xml "$results"/serial.xml)
+kernel_start=$SECONDS
+.venv/bin/pytest -p no:cacheprovider --durations=20 --junitxml="$results/kernel.xml" \
+  tests/kernel || status=$?
+kernel_seconds=$((SECONDS - kernel_start))
+echo "--- wall time: setup and lint ${setup_seconds}s; workers ${parallel_seconds}s and the" \
+  "tier ${tier_seconds}s side by side; kernel ${kernel_seconds}s; total $((SECONDS - started))s"
+reports=("$results"/parallel.xml "$results"/tier.xml "$results"/kernel.xml)
 .venv/bin/python scripts/test_times.py "${reports[@]}" || status=1
 exit "$status"

@@ -2,8 +2,8 @@
 # Builds, ahead of the real-node tier, what a new machine lacks and the tier would
 # otherwise build in its fixtures: the 1.37 stack (build-go.sh: Kubernetes, etcd,
 # containerd, runc), the DRA example driver, NVIDIA's device plugin and the notebook
-# image's Debian base. scripts/test.sh starts it in the background at the lowest CPU
-# priority while the tests that mostly wait run, so the builds fill their idle cores.
+# image's Debian base. scripts/test.sh starts it in the background at the start of a
+# run, beside the tests that mostly wait, so the tier need not build when it starts.
 # Every piece is cached by its inputs under a lock (see each build script): a fixture
 # that asks for one still under way waits for it, and then finds it built; one that
 # failed here is built again by its fixture, which reports the error itself.
