@@ -50,5 +50,19 @@ def attach_foreign(cgroup_dir: Path, program: bytes, replace_ours: bool) -> None
 
 
 def object_counts() -> tuple[int, int]:
-    """(programs, maps) loaded in the whole kernel."""
-    return len(bpf_sys.all_prog_ids()), len(bpf_sys.all_map_ids())
+    """(programs, maps) this process holds open: where a leak of the in-process engine
+    stays (it pins nothing in bpffs; what it leaves attached, `attached` counts). Not the
+    whole kernel's: other processes on the machine load and free their own meanwhile."""
+    programs, maps = set(), set()
+    for fd in os.listdir("/proc/self/fdinfo"):
+        try:
+            info = Path("/proc/self/fdinfo", fd).read_text()
+        except OSError:  # closed meanwhile (the listing's own fd among them)
+            continue
+        for line in info.splitlines():
+            key, _, value = line.partition(":")
+            if key == "prog_id":
+                programs.add(int(value))
+            elif key == "map_id":
+                maps.add(int(value))
+    return len(programs), len(maps)
