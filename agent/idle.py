@@ -28,6 +28,7 @@ tested exactly:
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Hashable, Iterable
 
 TIMEOUT_KEY = "idleTimeout"  # ledger metadata: the mount's idle timeout, in seconds
@@ -222,62 +223,74 @@ class IdleClock:
     they are kept across agent restarts by agent/node/idle_state.py).
 
     Keys name one mount (container, device, mount ID): a GPU unmounted and mounted
-    again starts a new clock.
+    again starts a new clock. Thread-safe: the reconcile pass looks, routes read, and an
+    idle suspension running beside the pass (agent/node/background.py) restarts or
+    forgets its clocks.
     """
 
     def __init__(self) -> None:
         self._since: dict[Hashable, float | None] = {}  # None: used at the last look
         self._warned: dict[Hashable, float] = {}
+        self._guard = threading.Lock()
 
     def observe(self, key: Hashable, holders: int, now: float) -> float | None:
         """Record one look; returns since when the mount has been idle (None: held).
 
         `now` must be taken after the scan that counted `holders`: a process that let
         go during the scan then counts as idle from the end of it, not before."""
-        if holders > 0:
-            self._since[key] = None
-            self._warned.pop(key, None)  # any use resets the clock and its warning
-            return None
-        since = self._since.get(key)
-        if since is None:
-            since = self._since[key] = now
-        return since
+        with self._guard:
+            if holders > 0:
+                self._since[key] = None
+                self._warned.pop(key, None)  # any use resets the clock and its warning
+                return None
+            since = self._since.get(key)
+            if since is None:
+                since = self._since[key] = now
+            return since
 
     def idle_for(self, key: Hashable, now: float) -> float | None:
         """Seconds idle so far: 0 when held at the last look, None when not looked at yet."""
-        if key not in self._since:
-            return None
-        since = self._since[key]
+        with self._guard:
+            if key not in self._since:
+                return None
+            since = self._since[key]
         return 0.0 if since is None else max(0.0, now - since)
 
     def since(self, key: Hashable) -> float | None:
-        return self._since.get(key)
+        with self._guard:
+            return self._since.get(key)
 
     def warned_at(self, key: Hashable) -> float | None:
-        return self._warned.get(key)
+        with self._guard:
+            return self._warned.get(key)
 
     def warn(self, key: Hashable, now: float) -> None:
-        self._warned[key] = now
+        with self._guard:
+            self._warned[key] = now
 
     def forget(self, key: Hashable) -> None:
-        self._since.pop(key, None)
-        self._warned.pop(key, None)
+        with self._guard:
+            self._since.pop(key, None)
+            self._warned.pop(key, None)
 
     def retain(self, keys: Iterable[Hashable]) -> None:
         """Drop the clocks of mounts that are gone."""
         keep = set(keys)
-        self._since = {k: v for k, v in self._since.items() if k in keep}
-        self._warned = {k: v for k, v in self._warned.items() if k in keep}
+        with self._guard:
+            self._since = {k: v for k, v in self._since.items() if k in keep}
+            self._warned = {k: v for k, v in self._warned.items() if k in keep}
 
     def restore(
         self, key: Hashable, since: float | None, warned_at: float | None, now: float
     ) -> None:
         """A clock kept from before a restart. A time in the future (the wall clock went
         back) is taken as now: idle for less, never for more."""
-        self._since[key] = None if since is None else min(since, now)
-        if since is not None and warned_at is not None:
-            self._warned[key] = min(warned_at, now)
+        with self._guard:
+            self._since[key] = None if since is None else min(since, now)
+            if since is not None and warned_at is not None:
+                self._warned[key] = min(warned_at, now)
 
     def items(self) -> list[tuple[Hashable, float | None, float | None]]:
         """(key, since, warned_at) for every clock, for keeping beside the ledger."""
-        return [(k, v, self._warned.get(k)) for k, v in self._since.items()]
+        with self._guard:
+            return [(k, v, self._warned.get(k)) for k, v in self._since.items()]

@@ -371,12 +371,25 @@ class UnmountResult(Model):
     unclassified_why: str | None = None
 
 
+# The most a caller may let each CUDA process take to lock (drain its GPU work) on
+# suspend: the one step of a suspension whose length the caller picks. For all of it
+# the container's lock is held, so reconcile skips that container's repairs (the
+# take-back of a GPU whose pin the tenant deleted, a double booking) until it ends.
+# Kept well below the liveness allowance (agent/heartbeat.py: 60 s by default), which
+# counts a bounded child as progress only when it returns: the lock call may last this
+# plus a 30 s margin (hotmount/suspend/cuda.py), so even on a thread the heartbeat
+# watches, one lock step ends within the default allowance. With 300 s, a tenant's
+# suspend plus a deleted pin once got the agent restarted.
+MAX_LOCK_TIMEOUT = 30.0
+
+
 class SuspendRequest(Request):
     """POST .../suspend: the container whose GPUs go (default: the pod's only one);
-    `lockTimeoutSeconds`: how long each CUDA process may take to lock."""
+    `lockTimeoutSeconds`: how long each CUDA process may take to lock (at most
+    MAX_LOCK_TIMEOUT seconds: a longer one is a 422)."""
 
     container: ContainerName | None = None
-    lock_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    lock_timeout_seconds: float = Field(default=10.0, gt=0, le=MAX_LOCK_TIMEOUT)
 
 
 class ResumeRequest(Request):

@@ -363,7 +363,11 @@ class Engine:
         return container_status(record, container, self.grants, self._fs)
 
     # -- reconcile
-    def reconcile(self) -> ReconcileReport:
+    def reconcile(self, *, suspensions: bool = True) -> ReconcileReport:
+        """Repair what drifted. `suspensions`: also finish or roll back the suspensions a
+        crash left part-way, last (after the pending operations, a suspension's unmount
+        among them); the agent does that beside its pass instead (`Suspender.repair`), as
+        a restore may take minutes."""
         report = ReconcileReport()
         for stale in self.ledger.records():
             with self.ledger.lock(stale.key):
@@ -379,7 +383,8 @@ class Engine:
         netdev_mounting.return_orphans(self, report)
         sweep_claims(self.ledger, self.inventory)
         report.netdevs += self.netdevs.reconcile(self.ledger.lock)
-        self.suspender.reconcile(report)  # after the pending ops: a suspension's unmount
+        if suspensions:
+            self.suspender.reconcile(report)  # after the pending ops: a suspension's unmount
         return report
 
     def _reconcile_one(self, record: ContainerRecord, report: ReconcileReport) -> None:

@@ -15,6 +15,7 @@ from agent.kube.client import KubeClient
 from agent.kube.dra import ResourceApi
 from agent.metrics import Metrics
 from agent.node.accounting import Accounting
+from agent.node.background import Background
 from agent.node.desired import DesiredMounts
 from agent.node.double_booking import DoubleBookings
 from agent.node.gpu_states import GpuStates
@@ -64,7 +65,8 @@ class Node:
         accounting = Accounting(settings, engine, kube, podresources, resources)
         plugin_pins = PluginPins(settings, engine, kube, kubelet, holders)
         pins = Pins(settings, engine, kube, kubelet, holders, accounting, resources, plugin_pins)
-        idle_reclaim = IdleReclaim(settings, engine, kube, metrics, locks, holders)
+        background = Background()  # minutes-long work on a container, beside reconcile
+        idle_reclaim = IdleReclaim(settings, engine, kube, metrics, locks, holders, background)
         desired = DesiredMounts(settings.state_dir)
         mounting = Mounting(
             engine, kube, metrics, locks, targets, kubelet, holders, pins, idle_reclaim, desired
@@ -90,5 +92,7 @@ class Node:
                 Remounts(engine, kube, locks),
                 desired,
                 kube,
+                locks,
+                background,
             ),
         )

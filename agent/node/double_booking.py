@@ -180,7 +180,10 @@ class DoubleBookings:
         ref = record.container_id or record.key
         namespace = booking.mounted_in.namespace
         try:
-            with self.locks.hold(ref):
+            with self.locks.try_hold(ref) as free:
+                if not free:  # a suspension (or another call) runs: the next pass
+                    log.debug("double-booked %s in %s: the container is busy", entry.key, ref)
+                    return
                 now = self.engine.ledger.load(record.key)
                 current = now.devices.get(entry.key) if now else None
                 if current is None or current.mounted_at != entry.mounted_at:
@@ -188,10 +191,12 @@ class DoubleBookings:
                 before = {h for h in [current.metadata.get("holder")] if h}
                 # Forced: never waits on a complete look at the open files.
                 result = self.engine.unmount(ref, [entry.key], force=True, spare_staying=False)
-                self.holders.release(namespace, before)
-        except (HotmountError, ApiError) as exc:
+        except HotmountError as exc:
             log.warning("cannot take double-booked %s back from %s: %s", entry.key, ref, exc)
             return
+        # Outside the lock, and not waiting for the pods to go: a pod the tenant keeps
+        # terminating (a finalizer) must hold neither the container nor the pass.
+        self.holders.release_after(namespace, before, "double booking", wait=False)
         self.metrics.double_bookings_taken_back.inc()
         more = unclassified_text(result)
         log.warning("took double-booked %s back from %s%s", entry.key, ref, more)

@@ -313,6 +313,20 @@ class HolderPods:
                 time.sleep(0.2)
         return gone
 
+    def release_after(
+        self, namespace: str | None, before: set[str], what: str, *, wait: bool
+    ) -> list[str]:
+        """`release` once the work is done (an idle reclaim or suspension, a take-back),
+        with the container's lock no longer held: a pod that cannot be deleted now is
+        logged, and reconcile collects it as an orphan later."""
+        if not namespace:
+            return []
+        try:
+            return self.release(namespace, before, wait=wait)
+        except ApiError as exc:
+            log.warning("%s: holder pod release: %s", what, exc.message)
+            return []
+
     def _in_flight_now(self) -> set[tuple[str, str]]:
         with self._in_flight_guard:
             return set(self._in_flight)
@@ -345,7 +359,8 @@ class HolderPods:
         known by its uid too: a new pod the tenant gives the same name stands in for
         nothing. Holders of mounts
         in progress are skipped; the ledger is read again under the container's lock, so
-        a mount that came meanwhile, with a new holder, is left alone.
+        a mount that came meanwhile, with a new holder, is left alone. A container whose
+        lock another holds (a suspension runs) is skipped for this pass, never waited for.
         """
         if self.kube is None:
             return []
@@ -372,7 +387,12 @@ class HolderPods:
                 ref = record.container_id or record.key
                 result = None
                 try:
-                    with self.locks.hold(ref):
+                    with self.locks.try_hold(ref) as free:
+                        if not free:
+                            # A suspension (or another call) holds the container for as
+                            # long as it runs; reconcile never waits on it (next pass).
+                            log.debug("take-back of %s from %s: the container is busy", keys, ref)
+                            continue
                         now = self.engine.ledger.load(record.key)
                         mine = [
                             k

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 from agent import idle
 from agent.config import AgentSettings
-from agent.errors import ApiError, BadRequest
+from agent.errors import BadRequest
 from agent.kube.client import KubeClient
 from agent.metrics import Metrics
+from agent.node.background import Background
 from agent.node.holders import HolderPods
 from agent.node.idle_state import IdleState
 from agent.node.idle_suspend import suspend_idle
@@ -52,6 +53,7 @@ class IdleReclaim:
     metrics: Metrics
     locks: ContainerLocks
     holders: HolderPods
+    background: Background = field(default_factory=Background)  # idle suspensions
     # When each mount was first seen idle, and warned; kept beside the ledger.
     _idle: idle.IdleClock = field(default_factory=idle.IdleClock, init=False, repr=False)
     _sampler: ActivitySampler = field(default_factory=ActivitySampler, init=False, repr=False)
@@ -120,7 +122,10 @@ class IdleReclaim:
         pod told why (GPUReclaimSkipped). The shared control nodes count only when the
         container's last GPU leaves (hotmount/inuse.py `UseCheck.clear`). Under
         `suspend`, idle is judged as under `unused` and the container's GPUs are
-        suspended instead (agent/node/idle_suspend.py): no process is stopped.
+        suspended instead (agent/node/idle_suspend.py): no process is stopped, and the
+        suspension runs beside the pass, which does not wait for it. A container whose
+        lock another call holds (a suspension that runs) is skipped until a later pass.
+        Returns the devices unmounted in this pass (not those being suspended).
 
         A look at the open files that cannot finish (a tenant's fd flood, a filesystem
         that does not answer, hotmount/openfiles.py) cannot prove the GPU idle: under
@@ -177,7 +182,7 @@ class IdleReclaim:
             elif self._reclaim(look):
                 taken.append(look.entry.key)
         for looks in suspending.values():
-            taken += suspend_idle(self, looks)
+            suspend_idle(self, looks)  # started beside the pass: not counted in `taken`
         state.save(self._idle)
         return taken
 
@@ -297,7 +302,8 @@ class IdleReclaim:
 
     def _reclaim(self, look: _Look) -> bool:
         """Unmount one idle device under the container's lock (under `unused`, stopping
-        its holders), release its holder pod, and tell the pod (Event) and the metrics."""
+        its holders), release its holder pod, and tell the pod (Event) and the metrics.
+        A container whose lock another holds is left for the next pass, never waited for."""
         record, entry = look.record, look.entry
         ref = record.container_id or record.key
         meta = entry.metadata
@@ -308,7 +314,10 @@ class IdleReclaim:
         stopped: list[int] = []
         more = ""
         try:
-            with self.locks.hold(ref):
+            with self.locks.try_hold(ref) as free:
+                if not free:  # a suspension (or another call) runs: due again next pass
+                    log.debug("reclaim of %s from %s: the container is busy", entry.key, ref)
+                    return False
                 now = self.engine.ledger.load(record.key)
                 current = now.devices.get(entry.key) if now else None
                 if current is None or current.mounted_at != entry.mounted_at:
@@ -324,12 +333,6 @@ class IdleReclaim:
                 unclassified = set(result.unclassified_pids)
                 stopped = [p for p in result.stopped_pids if p not in unclassified]
                 more = unclassified_text(result)
-                released: list[str] = []
-                if namespace:
-                    try:
-                        released = self.holders.release(namespace, before)
-                    except ApiError as exc:
-                        log.warning("reclaim: holder pod release: %s", exc.message)
         except HeldWithStayingDevices as exc:
             self._skipped(look, exc)
             return False
@@ -350,6 +353,9 @@ class IdleReclaim:
             log.warning("cannot reclaim %s from %s: %s", entry.key, ref, why)
             self.metrics.reclaim_failures.labels("error").inc()
             return False
+        # Not waiting for the pods to go: a pod the tenant keeps terminating (a finalizer)
+        # must not keep the pass from finishing.
+        released = self.holders.release_after(namespace, before, "reclaim", wait=False)
         self._idle.forget(key)
         self.metrics.reclaimed.inc()
         timeout = idle.timeout_of(meta) or 0

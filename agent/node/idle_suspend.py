@@ -9,17 +9,22 @@ A refused suspension (no room in the container's memory cgroup, a process that w
 not lock, a driver older than 550, no libcuda) falls back to the safe thing: nothing is
 stopped, the GPU stays mounted, the failure is counted (`refused`), the pod gets a
 warning Event with the reason, and the idle clock starts again (a warning comes again
-before the next try)."""
+before the next try).
+
+The suspension runs beside the reconcile pass, not in it (agent/node/background.py):
+the pass decides under the container's lock, taken only if free, and returns; the
+suspension takes that lock again on a thread of its own. Its Event and metrics come
+when it is done, in a later pass's time."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agent import idle
-from agent.errors import ApiError
 from hotmount.errors import HotmountError
 from hotmount.suspend.flow import DEFAULT_LOCK_TIMEOUT
 
@@ -29,43 +34,70 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def suspend_idle(reclaim: IdleReclaim, looks: Sequence[_Look]) -> list[str]:
-    """Suspend one container's idle GPUs (`looks`: all due under `suspend` this pass);
-    the keys suspended, or none."""
+def suspend_idle(reclaim: IdleReclaim, looks: Sequence[_Look]) -> bool:
+    """On the reconcile thread: decide whether one container's idle GPUs (`looks`: all
+    due under `suspend` this pass) are suspended now, and if so start the suspension on
+    a thread of its own (agent/node/background.py) and return at once: its CUDA lock and
+    checkpoint take as long as the tenant's processes make them. Whether it started.
+
+    A container whose lock another holds, or whose suspension still runs, is left for
+    the next pass (its GPUs stay due); nothing here waits."""
     record = looks[0].record
     ref = record.container_id or record.key
-    due = {look.entry.key: look for look in looks}
+    if reclaim.background.running(record.key):
+        return False
+    with reclaim.locks.try_hold(ref) as free:
+        if not free:
+            log.debug("idle suspend of %s: the container is busy; the next pass", ref)
+            return False
+        if _changed(reclaim, looks):
+            return False  # unmounted (or mounted anew) meanwhile
+        now = reclaim.engine.ledger.load(record.key)
+        assert now is not None
+        gpus = [key for key, entry in now.devices.items() if reclaim.is_gpu(entry)]
+        staying = [key for key in gpus if key not in {look.entry.key for look in looks}]
+        if staying:
+            _wait_for_all(reclaim, looks, staying)
+            return False
+        for look in looks:
+            if look.key not in reclaim._notes and reclaim._used_again(record, look.entry):
+                _restart(reclaim, looks)
+                log.info("suspend of %s: used again, its clock restarts", ref)
+                return False
+    return reclaim.background.start(
+        record.key, f"idle suspend of {ref}", functools.partial(_suspend, reclaim, looks)
+    )
+
+
+def _changed(reclaim: IdleReclaim, looks: Sequence[_Look]) -> bool:
+    """Whether a due mount was unmounted (or mounted anew) since the pass looked."""
+    now = reclaim.engine.ledger.load(looks[0].record.key)
+    return now is None or any(
+        (current := now.devices.get(look.entry.key)) is None
+        or current.mounted_at != look.entry.mounted_at
+        for look in looks
+    )
+
+
+def _suspend(reclaim: IdleReclaim, looks: Sequence[_Look]) -> None:
+    """Off the reconcile thread: the suspension itself, under the container's lock (taken
+    without waiting: a call that took it since the pass looked goes first, and the next
+    pass decides again); then, with the lock released, the holder pods deleted, the
+    pod told."""
+    record = looks[0].record
+    ref = record.container_id or record.key
     try:
-        with reclaim.locks.hold(ref):
-            now = reclaim.engine.ledger.load(record.key)
-            if now is None or any(
-                (current := now.devices.get(key)) is None
-                or current.mounted_at != look.entry.mounted_at
-                for key, look in due.items()
-            ):
-                return []  # unmounted (or mounted anew) meanwhile
-            gpus = [key for key, entry in now.devices.items() if reclaim.is_gpu(entry)]
-            staying = [key for key in gpus if key not in due]
-            if staying:
-                _wait_for_all(reclaim, looks, staying)
-                return []
-            for look in looks:
-                if look.key not in reclaim._notes and reclaim._used_again(record, look.entry):
-                    _restart(reclaim, looks)
-                    log.info("suspend of %s: used again, its clock restarts", ref)
-                    return []
+        with reclaim.locks.try_hold(ref) as free:
+            if not free or _changed(reclaim, looks):
+                log.debug("idle suspend of %s: taken or changed meanwhile; the next pass", ref)
+                return
             before = reclaim.holders.named_in(ref)
             done = reclaim.engine.suspender.suspend(ref, lock_timeout=DEFAULT_LOCK_TIMEOUT)
-            namespace = looks[0].entry.metadata.get("namespace")
-            released: list[str] = []
-            if namespace:
-                try:
-                    released = reclaim.holders.release(namespace, before)
-                except ApiError as exc:
-                    log.warning("idle suspend: holder pod release: %s", exc.message)
     except (HotmountError, OSError) as exc:
         _refused(reclaim, looks, exc.message if isinstance(exc, HotmountError) else str(exc))
-        return []
+        return
+    namespace = looks[0].entry.metadata.get("namespace")
+    released = reclaim.holders.release_after(namespace, before, "idle suspend", wait=True)
     for look in looks:
         reclaim._idle.forget(look.key)
         reclaim.metrics.reclaimed.inc()
@@ -82,7 +114,6 @@ def suspend_idle(reclaim: IdleReclaim, looks: Sequence[_Look]) -> list[str]:
     )
     log.info("%s; holder pods deleted: %s", message, released)
     reclaim._pod_event(first.entry, "GPUSuspended", message)
-    return list(done.devices)
 
 
 def _restart(reclaim: IdleReclaim, looks: Sequence[_Look]) -> None:

@@ -233,7 +233,9 @@ class Mounting:
             with self.locks.hold(chosen.container_id):
                 holders = self.holders.named_in(chosen.container_id)
                 result = self.engine.unmount(chosen.container_id, devices, force=force)
-                released = [] if keep_holders else self.holders.release(namespace, holders)
+            # With the container's lock released: waiting for the pods to go (up to
+            # --holder-timeout) holds no other call on the container.
+            released = [] if keep_holders else self.holders.release(namespace, holders)
             out = UnmountResult(
                 namespace=namespace,
                 pod=pod,

@@ -1,22 +1,32 @@
 """The periodic pass: the engine's reconcile (drift repairs), its metrics, then the
 node's own repairs: devices of restarted containers mounted again, holder pods of
 containers that died, orphan holder pods, mounts whose holder is gone, double-booked
-GPUs, idle GPUs."""
+GPUs, idle GPUs.
+
+The pass never waits on a container's lock: one that another call holds (a suspension
+runs for minutes) is skipped and looked at again in the next pass
+(agent/node/locks.py). Work that takes minutes on one container, an idle suspension
+or the repair of a suspension a crash left part-way, is started beside it
+(agent/node/background.py), so the pass, and /healthz with it, keeps its pace."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
 from agent.errors import ApiError, PodNotFound
 from agent.kube.client import KubeClient
 from agent.metrics import Metrics
+from agent.node.background import Background
 from agent.node.desired import DesiredMounts
 from agent.node.double_booking import DoubleBookings
 from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
+from agent.node.locks import ContainerLocks
 from agent.node.remounts import Remounts, named_holders
 from hotmount import engine as eng
+from hotmount.ledger import ContainerRecord
 from hotmount.results import ReconcileReport
 
 log = logging.getLogger(__name__)
@@ -32,11 +42,14 @@ class ReconcilePass:
     remounts: Remounts
     desired: DesiredMounts
     kube: KubeClient | None
+    locks: ContainerLocks
+    background: Background
 
     def reconcile(self) -> ReconcileReport:
         records = {r.key: r for r in self.engine.ledger.records()}
         before = self._named_holders()
-        report = self.engine.reconcile()
+        report = self.engine.reconcile(suspensions=False)
+        self._repair_suspensions()  # after the pending ops: a suspension's unmount
         # What a dead container had is kept for its successor before its holders are
         # swept, and mounted again once that one runs (restarts keep their GPUs).
         self.remounts.keep(records[k] for k in report.forgotten if k in records)
@@ -63,6 +76,27 @@ class ReconcilePass:
         self.holders.take_back_unheld()
         self.idle_reclaim.reclaim_idle()
         return report
+
+    def _repair_suspensions(self) -> None:
+        """Start the repair of each suspension a crash left part-way, beside the pass:
+        its restores may take minutes. One whose container is busy (the suspend or
+        resume that runs holds its lock) or whose repair still runs waits for a later
+        pass."""
+        for record in self.engine.suspender.unfinished():
+            self.background.start(
+                record.key,
+                f"repair of {record.key}'s suspension",
+                functools.partial(self._repair, record),
+            )
+
+    def _repair(self, record: ContainerRecord) -> None:
+        ref = record.container_id or record.key
+        with self.locks.try_hold(ref) as free:
+            if not free:
+                log.debug("suspension of %s: the container is busy; the next pass", ref)
+                return
+            if self.engine.suspender.repair(record):
+                log.info("finished or rolled back the suspension %s left part-way", ref)
 
     def _prune_desired(self) -> None:
         """A pod's applied spec goes with the pod (or when a namesake replaces it)."""

@@ -91,7 +91,10 @@ class Remounts:
         new_id = container.container_id
         if not container.running or not new_id or new_id == owner.get("containerId"):
             return False  # its successor is not running yet
-        with self.locks.hold(new_id):
+        with self.locks.try_hold(new_id) as free:
+            if not free:  # a call on the new container runs: the next pass (never waits)
+                log.debug("remount of %s: container %s is busy", intent.key, new_id)
+                return False
             mounted = self._mount(new_id, info, intent.devices, intent.with_driver)
         self.engine.ledger.delete_intent(intent.key)
         names = ", ".join(mounted)

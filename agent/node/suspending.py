@@ -79,16 +79,20 @@ class Suspending:
         with measure(self.metrics, "suspend"):
             info, chosen = self.targets.container(namespace, pod, container)
             assert chosen.container_id is not None
-            with self.locks.hold(chosen.container_id):
+            with (
+                self.locks.hold(chosen.container_id),
+                self.in_flight.track(namespace, pod, "suspend", chosen.name) as progress,
+            ):
                 holders = self.holders.named_in(chosen.container_id)
-                with self.in_flight.track(namespace, pod, "suspend", chosen.name) as progress:
-                    done = self.engine.suspender.suspend(
-                        chosen.container_id,
-                        lock_timeout=lock_timeout,
-                        progress=progress,
-                        held=lambda processes: may_take(info, len(processes)),
-                    )
-                released = self.holders.release(namespace, holders)
+                done = self.engine.suspender.suspend(
+                    chosen.container_id,
+                    lock_timeout=lock_timeout,
+                    progress=progress,
+                    held=lambda processes: may_take(info, len(processes)),
+                )
+            # With the container's lock released: waiting for the pods to go (up to
+            # --holder-timeout) holds no other call on the container.
+            released = self.holders.release(namespace, holders)
             processes = _checkpointed(done.processes)
             moved = sum(p.gpu_bytes for p in processes)
             record_event(

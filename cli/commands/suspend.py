@@ -39,8 +39,8 @@ def suspend(
             "--lock-timeout",
             metavar="SECONDS",
             min=0.1,
-            max=300,
-            help="how long each CUDA process may take to lock",
+            max=30,  # the agent's cap (agent/schemas.py MAX_LOCK_TIMEOUT)
+            help="how long each CUDA process may take to lock (at most 30)",
         ),
     ] = 10.0,
 ) -> None:

@@ -415,24 +415,32 @@ class Suspender:
     # -- reconcile
     def reconcile(self, report: ReconcileReport | None = None) -> int:
         """Finish or roll back every suspension a crash left part-way; returns how many."""
-        done = 0
-        for record in self.engine.ledger.records():
-            if record.suspension is None:
-                continue
-            container = self.engine._live(record)
-            if container is None:
-                continue  # the engine's reconcile forgets it with its record
-            try:
-                with self.engine.ledger.try_lock(f"{record.key}#suspend") as mine:
-                    if not mine:
-                        continue  # a suspend or resume runs: it finishes its own steps
-                    self._finish_first(container)
-                done += 1
-            except HotmountError as exc:
-                log.warning("reconcile of %s's suspension: %s", record.key, exc.message)
-                if report is not None:
-                    report.errors[record.key] = exc.message
-        return done
+        return sum(self.repair(record, report) for record in self.unfinished())
+
+    def unfinished(self) -> list[ContainerRecord]:
+        """The records with a suspension part-way: left by a crash, or running now."""
+        return [r for r in self.engine.ledger.records() if r.suspension is not None]
+
+    def repair(self, record: ContainerRecord, report: ReconcileReport | None = None) -> bool:
+        """Finish or roll back `record`'s suspension if a crash left it part-way: whether
+        it did. A suspend or resume that runs now (its lock is held) finishes its own
+        steps, and a container that is gone is the engine's reconcile's to forget. Its
+        restores may take minutes (a deadline of ten per process): the agent runs this
+        beside its reconcile pass, not in it (agent/node/background.py)."""
+        container = self.engine._live(record)
+        if container is None:
+            return False
+        try:
+            with self.engine.ledger.try_lock(f"{record.key}#suspend") as mine:
+                if not mine:
+                    return False
+                self._finish_first(container)
+            return True
+        except HotmountError as exc:
+            log.warning("reconcile of %s's suspension: %s", record.key, exc.message)
+            if report is not None:
+                report.errors[record.key] = exc.message
+            return False
 
     def _finish_first(self, container: Container) -> ContainerRecord | None:
         """A suspension a crash left part-way: locking or checkpointing rolls back; an

@@ -62,6 +62,24 @@ def test_suspend_then_resume(world: World) -> None:
     assert world.cluster.events("GPUResumed")
 
 
+def test_a_lock_timeout_over_the_cap_is_refused_before_anything_changes(world: World) -> None:
+    """`lockTimeoutSeconds` is at most 30 (agent/schemas.py MAX_LOCK_TIMEOUT): the lock
+    wait holds the container's lock, and reconcile's repairs of that container wait
+    meanwhile. More is a 422 naming the field and the cap; 30 itself is taken."""
+    container, _ = world.notebook()
+    with world.agent.client(ALICE) as api:
+        refused = api.post(f"{PODS}/nb/suspend", json={"lockTimeoutSeconds": 30.5})
+        assert refused.status_code == 422, refused.text
+        body = refused.json()
+        assert body["reason"] == "Invalid"
+        assert "lockTimeoutSeconds" in body["message"] and "30" in body["message"], body
+        assert status(container) == "running /dev/nvidia0 pattern=ok"
+
+        done = api.post(f"{PODS}/nb/suspend", json={"lockTimeoutSeconds": 30})
+        assert done.status_code == 200, done.text
+    assert status(container) == "checkpointed - pattern=ok"
+
+
 def test_resume_onto_a_named_gpu_and_no_gpu_free(world: World) -> None:
     container, _ = world.notebook()
     world.cluster.pod("other")
