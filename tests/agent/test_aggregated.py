@@ -9,7 +9,6 @@ from kube-system/extension-apiserver-authentication at startup.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
@@ -277,7 +276,8 @@ def test_sigterm_with_the_api_servers_idle_connection_open(
     it (a graceful TLS close needs the idle peer's close_notify, which never comes)."""
     with cluster.api(ALICE) as api:
         assert api.get(V1ALPHA1).status_code == 200  # the proxy's pooled connection stays
-    started = time.monotonic()
     backend.agent.stop()
-    assert backend.agent.process.returncode == 0  # exited, not killed
-    assert time.monotonic() - started < 5
+    # Exited, not killed: stop() kills after 10 s, and waiting on the idle connection
+    # would take asyncio's 30 s TLS shutdown timeout (no wall-clock bound here: a loaded
+    # machine is slow to exit, not wrong).
+    assert backend.agent.process.returncode == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -55,7 +56,11 @@ class Containerd:
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.address = workdir / "containerd.sock"
+        # A unix socket's path has at most 104-108 bytes, and containerd adds ".ttrpc":
+        # the sockets live in a short folder of their own, not under pytest's (deep, and
+        # deeper under a pytest-xdist worker).
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="hm-ctd-"))
+        self.address = self.socket_dir / "containerd.sock"
         self.runc_root = workdir / "runc"
         self.fifo_dir = workdir / "fifo"
         self.log = workdir / "containerd.log"
@@ -146,6 +151,7 @@ class Containerd:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 class ContainerdContainer:
