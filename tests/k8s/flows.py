@@ -348,6 +348,12 @@ def get_pod(node: Node, name: str, namespace: str = "default") -> dict[str, Any]
     return json.loads(found.stdout) if found.returncode == 0 else None
 
 
+def phase(node: Node, name: str, namespace: str = "default") -> str | None:
+    """The pod's phase, or None when it is gone."""
+    found = get_pod(node, name, namespace)
+    return None if found is None else found.get("status", {}).get("phase")
+
+
 def device_state(node: Node, pod: str, index: int = 0, namespace: str = "default") -> str:
     """What opening /dev/nvidia<index> in the pod gives: granted (ENXIO), denied, absent.
 

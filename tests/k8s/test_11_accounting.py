@@ -195,14 +195,27 @@ def test_the_pin_has_its_pods_priority_and_an_equal_priority_gpu_pod_cannot_pree
             pin = flows.the_pin(node, pod)
             assert pin["spec"].get("priorityClassName") == priority, pin["spec"]
             assert pin["spec"].get("priority") == 1000, pin["spec"]
+            # Running before the rival comes: the phase asserted below is then the pin's
+            # survival, not how fast a loaded node starts a container.
+            flows.wait_for(
+                "the pin runs",
+                lambda: flows.phase(node, pin["metadata"]["name"]) == "Running",
+            )
 
             rival = flows.new_name("rival")
             node.apply(flows.gpu_pod_manifest(rival, 2, priorityClassName=priority))
             try:
                 flows.wait_unschedulable(node, rival)
-                # Preemption is decided in the scheduling cycle that found no room; give
-                # the scheduler a few of its retries.
-                time.sleep(10)
+                # Preemption is decided in the scheduling cycle that found no room, and the
+                # scheduler says what it decided in its FailedScheduling event.
+                flows.wait_for(
+                    "the scheduler to report that it found no pod to preempt",
+                    lambda: [
+                        e["message"]
+                        for e in flows.events(node, rival, "FailedScheduling")
+                        if "preemption:" in e.get("message", "")
+                    ],
+                )
                 now = flows.get_pod(node, pin["metadata"]["name"])
                 assert now is not None, "the pin was preempted"
                 assert now["metadata"]["uid"] == pin["metadata"]["uid"]
