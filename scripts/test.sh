@@ -7,13 +7,14 @@
 #
 # The whole suite runs in three lanes, so that the two cores are busy while tests wait:
 # - the real-node tier's cold builds (tests/k8s/node/prebuild.sh), from the start;
-# - the real-node tier (tests/k8s), from the start too: its fixtures wait on the builds'
-#   locks, then it runs (its log is printed when it ends). Builds then tier are the
-#   longest chain, so they run at normal priority;
+# - the chain: the real-node tier (tests/k8s), from the start too (its fixtures wait on
+#   the builds' locks), then the kernel tests (tests/kernel). Builds, tier and kernel are
+#   the longest chain, so they run at normal priority; their logs are printed at the end;
 # - the tests that mostly wait on processes (tests/agent, cli, deploy, unit) in
 #   pytest-xdist workers at a lower priority (nice 5), from the start: many small tests
 #   that fill whatever the chain leaves idle.
-# The kernel tests run last, alone: they count the node's BPF objects and own its state.
+# Processes side by side never share a port block or a routing table: the workers are
+# slots 0..N-1, the chain slot 11 (tests/support/slots.py).
 # Environment: HOTMOUNT_TEST_WORKERS (the workers, default 4: two cores, mostly idle);
 # HOTMOUNT_TEST_RESULTS (JUnit XML and the lanes' logs; default a new temporary folder).
 set -euo pipefail
@@ -46,31 +47,40 @@ fi
 setup_seconds=$((SECONDS - started))
 
 status=0
-tier_status=0
 lanes_start=$SECONDS
-.venv/bin/pytest -p no:cacheprovider --durations=20 --junitxml="$results/tier.xml" \
-  tests/k8s >"$results/tier.log" 2>&1 &
-tier=$!
+(
+  export HOTMOUNT_TEST_SLOT=11
+  rc=0
+  .venv/bin/pytest -p no:cacheprovider --durations=20 --junitxml="$results/tier.xml" \
+    tests/k8s >"$results/tier.log" 2>&1 || rc=$?
+  echo "$rc $((SECONDS - lanes_start))" >"$results/tier.status"
+  rc=0
+  .venv/bin/pytest -p no:cacheprovider --durations=20 --junitxml="$results/kernel.xml" \
+    tests/kernel >"$results/kernel.log" 2>&1 || rc=$?
+  echo "$rc $((SECONDS - lanes_start))" >"$results/kernel.status"
+) &
+chain=$!
 nice -n 5 .venv/bin/pytest -p no:cacheprovider -n "${HOTMOUNT_TEST_WORKERS:-4}" --dist worksteal \
   --durations=30 --junitxml="$results/parallel.xml" \
   tests/agent tests/cli tests/deploy tests/unit || status=$?
 parallel_seconds=$((SECONDS - lanes_start))
-wait "$tier" || tier_status=$?
-tier_seconds=$((SECONDS - lanes_start))
+wait "$chain" || true
+read -r tier_status tier_seconds <"$results/tier.status" || tier_status=1
+read -r kernel_status kernel_seconds <"$results/kernel.status" || kernel_status=1
 echo "--- the real-node tier (tests/k8s), run beside the workers:"
-cat "$results/tier.log"
+cat "$results/tier.log" || true
+echo "--- the kernel tests (tests/kernel), after the tier, beside the workers:"
+cat "$results/kernel.log" || true
 [ "$tier_status" = 0 ] || status=$tier_status
+[ "$kernel_status" = 0 ] || status=$kernel_status
 if [ -n "$prebuild" ]; then
   wait "$prebuild" || true
   echo "--- its builds (tests/k8s/node/prebuild.sh, from the start):"
   grep '^prebuild:' "$results/prebuild.log" || true
 fi
-kernel_start=$SECONDS
-.venv/bin/pytest -p no:cacheprovider --durations=20 --junitxml="$results/kernel.xml" \
-  tests/kernel || status=$?
-kernel_seconds=$((SECONDS - kernel_start))
-echo "--- wall time: setup and lint ${setup_seconds}s; workers ${parallel_seconds}s and the" \
-  "tier ${tier_seconds}s side by side; kernel ${kernel_seconds}s; total $((SECONDS - started))s"
+echo "--- wall time: setup and lint ${setup_seconds}s; then side by side: workers" \
+  "${parallel_seconds}s, the tier ended ${tier_seconds:-?}s in and the kernel tests" \
+  "${kernel_seconds:-?}s in; total $((SECONDS - started))s"
 reports=("$results"/parallel.xml "$results"/tier.xml "$results"/kernel.xml)
 .venv/bin/python scripts/test_times.py "${reports[@]}" || status=1
 exit "$status"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from agent.podresources.client import PodResourcesClient
@@ -37,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "gpu-hotmount"
 NAMESPACE = "gpu-hotmount"
 RELEASE = "gpu-hotmount"
+AGENT_PORT = 8443  # the chart's `port`
 USER_ROLE = "hotmount-user"
 PEOPLE: dict[str, tuple[str, ...]] = {"alice": (), "bob": ()}
 NVML_GPUS = (
@@ -255,6 +258,40 @@ class Release:
     def ca_bundle(self) -> str:
         found = self.node.kubectl("get", "apiservice", "v1alpha1.hotmount.io", "-o", "json")
         return base64.b64decode(json.loads(found.stdout)["spec"]["caBundle"]).decode()
+
+    def scrape(self, token: str | None) -> httpx.Response:
+        """GET the agent's /metrics at its pod IP (on the node's CNI bridge), as
+        Prometheus' pod discovery does, checking the certificate against the Service."""
+        context = ssl.create_default_context(cadata=self.ca_bundle())
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        pod = json.loads(
+            self.node.kubectl(
+                "get", "pod", str(self.agent_pod()), "-n", NAMESPACE, "-o", "json"
+            ).stdout
+        )
+        with httpx.Client(verify=context, timeout=30) as client:
+            return client.get(
+                f"https://{pod['status']['podIP']}:{AGENT_PORT}/metrics",
+                headers=headers,
+                extensions={"sni_hostname": f"{RELEASE}.{NAMESPACE}.svc"},
+            )
+
+    def reconciles(self) -> float:
+        """The Ready agent's finished reconcile passes (`hotmount_reconciles_total`, every
+        result): a test that needs whole passes waits for this to grow, not for a clock."""
+        answer = self.scrape(self.node.tokens["admin"])
+        assert answer.status_code == 200, answer.text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in answer.text.splitlines()
+            if line.startswith("hotmount_reconciles_total{")
+        )
+
+    def wait_reconciles(self, count: int, what: str) -> None:
+        """Until `count` more passes have finished than now (the first may have begun
+        before: wait for two to be sure of one whole pass)."""
+        start = self.reconciles()
+        wait_for(what, lambda: self.reconciles() >= start + count, 60 + 30 * count)
 
     def service_ip(self) -> str:
         found = self.node.kubectl("get", "service", RELEASE, "-n", NAMESPACE, "-o", "json")

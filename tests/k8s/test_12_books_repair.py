@@ -10,8 +10,6 @@ scheduler promised it to the other pod.
 
 from __future__ import annotations
 
-import time
-
 from tests.k8s import flows
 from tests.k8s.flows import (
     ABSENT,
@@ -122,7 +120,7 @@ def test_an_agent_restart_keeps_the_pin_and_unmount_then_deletes_it(
         hotmount.wait_available()
         # A whole reconcile of the new agent: one that did not know the pin (its uid in
         # the ledger) would take the GPU back as unheld.
-        time.sleep(RECONCILE_INTERVAL + 1)
+        hotmount.wait_reconciles(2, "a whole reconcile pass of the new agent")
 
         now = flows.the_pin(node, pod)["metadata"]
         assert (now["name"], now["uid"]) == (pin["name"], pin["uid"]), "not the same pin"

@@ -9,7 +9,6 @@ the chart's `extraEnv` (FAKE_NVML_ACTIVITY) in the hostPath directory the test w
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from tests.fakes import nvml as fake_nvml
@@ -51,7 +50,7 @@ def test_an_unused_gpu_is_warned_then_reclaimed_and_a_used_one_kept(
             # Busy: three more passes, and not warned (idle, it would be warned at once).
             passes = []
             for _ in range(3):
-                time.sleep(RECONCILE_INTERVAL)
+                hotmount.wait_reconciles(1, "one more reconcile pass")
                 passes.append(the_gpu(node, pod))
             assert all(p and p["idleSeconds"] == 0 for p in passes), passes
             assert not flows.events(node, pod, "GPUIdleSoon")

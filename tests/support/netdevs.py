@@ -5,14 +5,15 @@ not make."""
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import subprocess
 from collections.abc import Iterator
 
-# A routing table of this worker's own: two pytest-xdist workers adding a default route to
-# one table at once would collide (RTNETLINK: File exists).
-SPARE_TABLE = str(4242 + int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0))
+from tests.support.slots import slot
+
+# A routing table of this process's own: two test processes adding a default route to one
+# table at once would collide (RTNETLINK: File exists).
+SPARE_TABLE = str(4242 + slot())
 
 
 def ip(*args: str, pid: int | None = None) -> subprocess.CompletedProcess[str]:

@@ -10,14 +10,14 @@ the kernel's ephemeral range (32768+, which `bind(0)` uses) and kube-proxy's Nod
 from __future__ import annotations
 
 import itertools
-import os
 import socket
 
+from tests.support.slots import SLOTS, slot
+
 BLOCK = 800
-FIRST = 20000  # blocks 20000-29599: twelve workers
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # unset: one process, block 0
-_INDEX = int(_WORKER[2:]) if _WORKER.startswith("gw") and _WORKER[2:].isdigit() else 0
-_BASE = FIRST + (_INDEX % 12) * BLOCK
+FIRST = 20000  # blocks 20000-29599: one for each slot
+assert FIRST + SLOTS * BLOCK <= 30000  # below kube-proxy's NodePorts
+_BASE = FIRST + slot() * BLOCK
 _NEXT = itertools.cycle(range(_BASE, _BASE + BLOCK))
 
 
