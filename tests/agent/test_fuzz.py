@@ -87,6 +87,8 @@ class Tracker:
         self.mounted: dict[str, list[str]] = {}  # device key -> node paths
         self.failures: list[str] = []
         self.calls = 0
+        self.mounts = self.unmounts = 0  # 2xx answers that changed the real container
+        self.no_invalid_inputs: set[str] = set()  # operations with nothing to make invalid
 
     def record(self, case: Any, response: Any) -> None:
         self.calls += 1
@@ -96,9 +98,11 @@ class Tracker:
             return
         body = response.json()
         if case.method.upper() == "POST":
+            self.mounts += bool(body["mounted"])
             for device in body["mounted"] + body["alreadyMounted"]:
                 self.mounted[device["key"]] = device["paths"]
         elif case.method.upper() == "DELETE":
+            self.unmounts += bool(body["unmounted"])
             for key in body["unmounted"]:
                 self.mounted.pop(key, None)
 
@@ -110,6 +114,7 @@ def fuzz(
         strategy = operation.as_strategy(generation_mode=mode, **fixed)
     except Exception as exc:  # e.g. nothing to make invalid in an operation without inputs
         if mode is GenerationMode.NEGATIVE:
+            tracker.no_invalid_inputs.add(operation.label)
             return
         raise AssertionError(f"{operation.label}: no strategy: {exc}") from exc
 
@@ -139,6 +144,7 @@ def fuzz(
         if mode is not GenerationMode.NEGATIVE:
             raise
         # no inputs to make invalid (GET /healthz): nothing to do
+        tracker.no_invalid_inputs.add(operation.label)
 
 
 def device_ops(post: Any, delete: Any, agent: AgentProcess, tracker: Tracker) -> None:
@@ -215,6 +221,11 @@ def test_fuzz_the_standalone_agent(standalone: Standalone) -> None:
 
     assert not tracker.failures, "\n\n".join(tracker.failures[:10])
     assert tracker.calls > 300  # the fuzzer really ran: 7 operations, 75 cases each
+    # A mount or an unmount always has inputs to make invalid: those were fuzzed too.
+    unfuzzed = sorted(op for op in tracker.no_invalid_inputs if not op.startswith("GET "))
+    assert unfuzzed == [], unfuzzed
+    # and really mounted and unmounted: else the checks below hold for an empty container
+    assert tracker.mounts > 0 and tracker.unmounts > 0, (tracker.mounts, tracker.unmounts)
 
     # The container holds exactly what the 2xx answers said, nothing a refusal left behind.
     with httpx.Client(base_url=agent.url, timeout=60) as api:

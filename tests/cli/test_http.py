@@ -362,6 +362,7 @@ def test_https_through_a_proxy_is_tunnelled_with_proxy_credentials(
     assert connect.headers["proxy-authorization"] == basic("user", "pa@ss")
     assert TOKEN.encode() not in proxy.received  # inside TLS
     assert b"/apis/x" not in proxy.received
+    assert [seen.path for seen in origin.seen] == ["/apis/x", "/apis/y"]  # both reached it
     for seen in origin.seen:
         assert seen.headers["authorization"] == TOKEN
         assert "proxy-authorization" not in seen.headers

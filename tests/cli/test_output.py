@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import yaml
@@ -123,26 +124,29 @@ def test_empty_results_say_so() -> None:
 
 
 class _Tty:
+    """A stream that says whether it is a TTY; `written` is set by its first write."""
+
     def __init__(self, tty: bool) -> None:
         self.tty, self.text = tty, ""
+        self.written = threading.Event()
 
     def isatty(self) -> bool:
         return self.tty
 
     def write(self, text: str) -> None:
         self.text += text
+        self.written.set()
 
     def flush(self) -> None:
         pass
 
 
 def test_waiting_spins_only_on_a_tty() -> None:
-    import time
-
     tty, pipe = _Tty(True), _Tty(False)
-    with Waiting("waiting for a holder pod", stream=tty, delay=0):  # type: ignore[arg-type]
-        time.sleep(0.25)
-    with Waiting("waiting for a holder pod", stream=pipe, delay=0):  # type: ignore[arg-type]
-        time.sleep(0.25)
+    with Waiting("waiting for a holder pod", stream=tty, delay=0) as spinning:  # type: ignore[arg-type]
+        assert spinning.active
+        assert tty.written.wait(10), "no frame was drawn on a TTY"
+    with Waiting("waiting for a holder pod", stream=pipe, delay=0) as silent:  # type: ignore[arg-type]
+        assert not silent.active  # no spinner at all, so nothing can be written later
     assert "waiting for a holder pod" in tty.text and tty.text.endswith("\r\033[K")
     assert pipe.text == ""
