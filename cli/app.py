@@ -3,7 +3,7 @@ commands (cli/commands/, each imported when chosen). cli/main.py runs it for eve
 command line but a plain `nvcli status`, which cli/statusline.py answers without typer.
 
 The root only registers commands and holds the common flags (cli/wiring.py): start-up
-time is most of a call's wall time (docs/api.md, "nvcli"); tests/cli/test_imports.py
+time is most of a call's wall time (docs/cli.md, "Start-up time"); tests/cli/test_imports.py
 holds what each command loads.
 """
 

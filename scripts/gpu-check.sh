@@ -1,5 +1,5 @@
 #!/bin/bash
-# The real GPU check (shared/TESTING.md, "Things that bite"), for a machine with an
+# The real GPU check (docs/testing.md, "On a machine with a real GPU"), for a machine with an
 # NVIDIA GPU, its driver, runc and root: a runc container started with no GPU nodes;
 # the engine hot-mounts GPU 0; nvidia-smi and a 256 MiB CUDA allocation (PyTorch) run
 # inside; a process inside holds the GPU, so unmount refuses (exit 3) and --force stops

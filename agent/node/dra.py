@@ -2,7 +2,7 @@
 
 On a cluster whose GPUs are published by NVIDIA's DRA driver, a GPU mounted by name
 is only safe once a ResourceClaim selecting exactly that GPU is allocated and held by a
-pod (DESIGN.md, "Accounting"). This module builds that claim and the holder's reference
+pod (docs/api.md, "Accounting"). This module builds that claim and the holder's reference
 to it, and reads the node's ResourceSlices; it does no I/O (agent/kube/dra.py does).
 """
 

@@ -188,7 +188,7 @@ class PodResourcesClient:
         """Device IDs the kubelet may hand out for ``resource_name``; None if it cannot say.
 
         A 1.20 kubelet has no GetAllocatableResources and answers UNIMPLEMENTED;
-        that is "unknown", not a failure (DESIGN.md, Kubernetes).
+        that is "unknown", not a failure (docs/api.md, "Accounting").
         """
         try:
             response = self._stub.GetAllocatableResources(

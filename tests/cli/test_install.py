@@ -117,7 +117,7 @@ def test_kubectl_finds_the_plugin_on_path(installed: Installed) -> None:
 
 
 def test_pipx_installs_the_wheel_with_both_commands(installed: Installed) -> None:
-    """The README's `pipx install './dist/<wheel>[cli]'`: a wheel pip builds from the
+    """docs/cli.md's `pipx install './dist/<wheel>[cli]'`: a wheel pip builds from the
     checkout, installed by pipx into its own venv, its commands linked into one bin."""
     run = installed.run
     run(SYSTEM_PYTHON, "-m", "venv", str(installed.home / "pipx-venv"))

@@ -1,7 +1,8 @@
 """Every command the README shows is exercised: here, or by the demo, or by CI itself.
 
-Commands are read from the README's ```sh blocks, so a command added there without
-a way to exercise it fails this test.
+Commands are read from the ```sh blocks of the README and of docs/cli.md (nvcli's
+install page, which holds what was the README's longer quick start), so a command added
+there without a way to exercise it fails this test.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ from tests.support.runc import missing_requirements
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+CLI_DOC = ROOT / "docs" / "cli.md"
 # Needs a GPU node with the NVIDIA runtime, which no test machine here has: the real
-# GPU check of TESTING.md. Listed, so that nothing else can slip through unexercised.
+# GPU check of docs/testing.md. Listed, so that nothing else can slip through unexercised.
 NEEDS_A_GPU_NODE = {"kubectl exec plain-pod -- nvidia-smi"}
 
 
 def readme_commands() -> list[str]:
     """One entry per command: a line ending in a backslash continues on the next."""
-    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
+    text = README.read_text() + CLI_DOC.read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
     joined = "\n".join(block.replace("\\\n", " ") for block in blocks)
     return [" ".join(line.split()) for line in joined.splitlines() if line.strip()]
 
@@ -80,7 +83,18 @@ def test_every_readme_command_has_an_exerciser() -> None:
 def test_the_wheel_the_readme_names_is_the_version_built() -> None:
     from cli import __version__
 
-    assert f"gpu_hotmount-{__version__}-py3-none-any.whl" in README.read_text()
+    assert "docs/cli.md" in README.read_text()  # where the wheel's install is shown
+    assert f"gpu_hotmount-{__version__}-py3-none-any.whl" in CLI_DOC.read_text()
+
+
+def test_the_readme_is_a_front_door_whose_links_hold() -> None:
+    """At most 200 lines (issue 41): the rest lives in docs/, and each page it names is
+    there."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    named = set(re.findall(r"\b(?:docs/[\w.-]+\.md|deploy/README\.md)", text))
+    assert "docs/architecture.md" in named and "docs/testing.md" in named
+    assert [doc for doc in sorted(named) if not (ROOT / doc).is_file()] == []
 
 
 @pytest.mark.parametrize("command", by_program("nvcli"))

@@ -1,7 +1,7 @@
 """A fake kube-apiserver that speaks real HTTP(S), for driving the official client.
 
-What it serves, and why each piece exists (see DESIGN.md, "Kubernetes" and
-"Who is calling"):
+What it serves, and why each piece exists (see docs/architecture.md, "The books",
+and docs/security.md):
 
 - core/v1 pods (get, list, create, delete), events (create, get, list),
   configmaps (get, list, create) and nodes (get, list): the agent's lookups;
