@@ -19,6 +19,7 @@ from hotmount.errors import ContainerNotFound, KernelError
 from hotmount.hostfs import HostRoot
 from hotmount.netdev import netlink
 from hotmount.netdev.plan import NetdevRecord, NetdevRefused, netns_holder
+from hotmount.tenantfs import procfs
 
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
@@ -29,9 +30,9 @@ def host_ns_fd(host: HostRoot) -> int:
     hostNetwork); where PID 1 refuses (a sandbox's init may be non-dumpable: EACCES
     even to root, on open and readlink alike), kthreadd's (PID 2, a kernel thread:
     kernel threads live in the initial namespace). Never a guess: neither, an error."""
-    path = host.path("/proc/1/ns/net")
+    path = procfs.namespace_path(host.proc, 1, "net")  # for messages
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return procfs.open_namespace(host.proc, 1, "net")
     except PermissionError:
         pass
     except OSError as exc:
@@ -40,7 +41,7 @@ def host_ns_fd(host: HostRoot) -> int:
     try:
         if not _is_kernel_thread(kthreadd):
             raise ValueError(f"{kthreadd} is not a kernel thread")
-        return os.open(kthreadd / "ns" / "net", os.O_RDONLY | os.O_CLOEXEC)
+        return procfs.open_namespace(host.proc, 2, "net")
     except (OSError, ValueError, IndexError) as exc:
         raise KernelError(
             f"the host's network namespace cannot be opened ({path}: permission denied; "
@@ -79,7 +80,7 @@ def _holder_ns(host: HostRoot, record: NetdevRecord) -> Iterator[int]:
     if holder is None:
         raise ContainerNotFound(f"the network namespace of {record.container} is gone")
     try:
-        fd = os.open(host.path(f"/proc/{holder}/ns/net"), os.O_RDONLY | os.O_CLOEXEC)
+        fd = procfs.open_namespace(host.proc, holder, "net")
     except OSError as exc:
         raise ContainerNotFound(f"PID {holder} has exited") from exc
     try:
@@ -92,12 +93,9 @@ def _holder_ns(host: HostRoot, record: NetdevRecord) -> Iterator[int]:
 
 def _netns_inodes(host: HostRoot) -> Iterator[tuple[int, int]]:
     """(PID, netns inode) of every process (read only for records whose init died)."""
-    proc = host.path("/proc")
-    with os.scandir(proc) as entries:
-        names = [entry.name for entry in entries if entry.name.isdigit()]
-    for name in names:
+    for pid in procfs.pids(host.proc):
         with contextlib.suppress(OSError):
-            yield int(name), os.stat(proc / name / "ns" / "net").st_ino
+            yield pid, procfs.namespace_inode(host.proc, pid, "net")
 
 
 @contextlib.contextmanager
@@ -106,7 +104,7 @@ def container_ns(host: HostRoot, pid: int, start_time: int) -> Iterator[int]:
     not reused since) and not the host's own (a hostNetwork pod)."""
     proc = host.path(f"/proc/{pid}")
     try:
-        fd = os.open(proc / "ns" / "net", os.O_RDONLY | os.O_CLOEXEC)
+        fd = procfs.open_namespace(host.proc, pid, "net")
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
     try:

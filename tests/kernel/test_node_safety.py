@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from hotmount.devices.model import DeviceNode
-from hotmount.devnodes import NodeState, Openat2Fs, SetnsFs
 from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import ContainerNotFound, UnsafePath
+from hotmount.tenantfs.devnodes import NodeState, Openat2Fs, SetnsFs
 from tests.kernel.conftest import GPU0
 from tests.support.runc import RuncContainer
 
