@@ -10,7 +10,7 @@ import pytest
 from hotmount.devices.model import DeviceNode
 from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import ContainerNotFound, UnsafePath
-from hotmount.tenantfs.devnodes import NodeState, Openat2Fs, SetnsFs
+from hotmount.tenantfs.devnodes import NodeState, Openat2Fs, SetnsFs, open_container_fs
 from tests.kernel.conftest import GPU0
 from tests.support.runc import RuncContainer
 
@@ -143,3 +143,26 @@ def test_a_reused_init_pid_is_not_taken_for_the_container(
     assert engine.ledger.records() == []
     if container.mode == "v1":
         assert "195:0" not in (container.v1_devices_dir / "devices.list").read_text()
+
+
+@pytest.mark.parametrize("method", sorted(FS_KINDS))
+def test_a_pid_reused_by_another_container_is_refused_by_the_door_itself(
+    engine: Engine, container: RuncContainer, make_container, method: str
+) -> None:
+    """Reconcile opens a container's /dev with no pidfd of its own held (its record's
+    init resolved a moment before): the PID reused meanwhile by another container's
+    process must not hand the door that container's root. Pinned by the cgroups the
+    container was resolved in, nothing is opened, and nothing made there."""
+    other = make_container(container.mode)
+    resolved = engine.resolve(container.id)
+    reused = dataclasses.replace(resolved, init_pid=other.pid)
+    node = DeviceNode("/dev/nvidia0", 195, 0)
+
+    with pytest.raises(ContainerNotFound):
+        fs = open_container_fs(engine.host.proc, reused, method)
+        try:
+            fs.ensure(node)
+        finally:
+            fs.close()
+
+    assert "nvidia0" not in other.ls_dev()
