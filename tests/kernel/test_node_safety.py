@@ -10,6 +10,7 @@ import pytest
 from hotmount.devices.model import DeviceNode
 from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import ContainerNotFound, UnsafePath
+from hotmount.tenantfs import procfs
 from hotmount.tenantfs.devnodes import NodeState, Openat2Fs, SetnsFs, open_container_fs
 from tests.kernel.conftest import GPU0
 from tests.support.runc import RuncContainer
@@ -30,7 +31,7 @@ def test_symlink_to_host_root_is_refused_and_nothing_escapes(
     lands nowhere: not on the host, not in the container's own `/` either."""
     marker = f"hotmount-escape-{container.id[:8]}"
     container.exec("ln", "-s", "/", "/dev/trap")
-    fs = FS_KINDS[fs_kind](Path(f"/proc/{container.pid}"))
+    fs = FS_KINDS[fs_kind](procfs.ProcessDir("/proc", container.pid))
     try:
         with pytest.raises(UnsafePath, match="/dev/trap"):
             fs.ensure(DeviceNode(f"/dev/trap/{marker}", 195, 0))
@@ -53,7 +54,7 @@ def test_a_node_directory_that_is_a_symlink_is_refused_and_nothing_is_made_elsew
     elsewhere = f"/tmp/elsewhere-{container.id[:12]}"  # the rootfs is shared by the session
     made = container.exec("sh", "-c", f"mkdir {elsewhere} && ln -s {elsewhere} /dev/nvidia-caps")
     assert made.returncode == 0, made.stderr
-    fs = FS_KINDS[fs_kind](Path(f"/proc/{container.pid}"))
+    fs = FS_KINDS[fs_kind](procfs.ProcessDir("/proc", container.pid))
     node = DeviceNode(path, 195, 1, file_mode=0o444)
     try:
         for step in (fs.state, fs.ensure, fs.remove):
@@ -114,7 +115,7 @@ def test_setns_fallback_mounts_and_unmounts(
 def test_nodes_get_their_exact_mode_despite_the_umask(
     container: RuncContainer, fs_kind: str
 ) -> None:
-    fs = FS_KINDS[fs_kind](Path(f"/proc/{container.pid}"))
+    fs = FS_KINDS[fs_kind](procfs.ProcessDir("/proc", container.pid))
     node = DeviceNode("/dev/nvidia-caps/nvidia-cap1", 195, 1, file_mode=0o444)
     try:
         assert fs.ensure(node)
