@@ -14,7 +14,7 @@ outside `signals.py`. Its rules:
   symlinks and other mounts; a call that needs either names why (`follow_symlinks=`,
   `cross_mounts=`).
 - **Bounded.** Work that may touch a tenant's filesystem runs in killable children
-  with a deadline (`hotmount/forked.py`, kept workers in `hotmount/workers.py`):
+  with a deadline (`forked`, kept workers in `workers`):
   the scan of open files (`openfiles`), the driver placer (`hotmount/driver/place.py`,
   on fds from `rootdirs`), the setns fallback for device nodes. In the agent's own
   process only what cannot reach one: procfs text printed from kernel memory, and
