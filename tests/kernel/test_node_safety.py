@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -167,3 +170,37 @@ def test_a_pid_reused_by_another_container_is_refused_by_the_door_itself(
             fs.close()
 
     assert "nvidia0" not in other.ls_dev()
+
+
+def test_a_dev_that_is_itself_a_symlink_is_refused_not_followed(tmp_path: Path) -> None:
+    """/dev itself was opened through a symlink (only the steps below it were not): a
+    root whose /dev is a link (a privileged tenant that unmounted the runtime's /dev, a
+    runtime that mounts none) led node work, in the agent's own process, wherever it
+    points, a hung volume included. Here it points to a plain directory of the same
+    filesystem, so the walk comes back: it must be refused, and nothing made there."""
+    root = tmp_path / "root"
+    (root / "elsewhere").mkdir(parents=True)
+    (root / "dev").symlink_to("/elsewhere")
+    ready_read, ready_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the tenant: a process whose / is `root`
+        try:
+            os.chroot(root)
+            os.write(ready_write, b"x")
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(ready_write)
+    try:
+        assert os.read(ready_read, 1) == b"x"
+        fs = Openat2Fs(procfs.ProcessDir("/proc", pid))
+        try:
+            with pytest.raises(UnsafePath, match="/dev in the container is a symlink"):
+                fs.ensure(DeviceNode("/dev/nvidia0", 195, 0))
+        finally:
+            fs.close()
+        assert list((root / "elsewhere").iterdir()) == []
+    finally:
+        os.close(ready_read)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
