@@ -21,8 +21,8 @@ Node work runs in the agent's own process (no fork per node), so it never looks:
   relative to the directory's fd.
 - `SetnsFs` (fallback): a forked child enters the mount namespace (setns of a
   mount namespace is refused in a multi-threaded process) and works there, bounded
-  by a deadline (hotmount/tenantfs/forked.py), with the same refusals below `/dev` (O_NOFOLLOW
-  and each fd's `mnt_id`, for kernels without openat2).
+  by a deadline (hotmount/tenantfs/forked.py), with the same refusals at and below
+  `/dev` (O_NOFOLLOW and each fd's `mnt_id`, for kernels without openat2).
 
 Modes are set without following the path again: chmod through
 `/proc/self/fd/N` of an O_PATH|O_NOFOLLOW fd after `fstat` proved it is the
@@ -417,14 +417,22 @@ def _child(ns_fd: int, op: str, node: DeviceNode) -> dict[str, str | bool]:  # p
 
 
 def _child_dir(open_: Opener, path: str, create: bool) -> int | None:  # pragma: no cover
-    """/dev as the namespace resolves it (this child is bounded), then each directory
+    """/dev as the namespace has it, but never a symlink there (this child is bounded;
+    a symlink would lead it elsewhere, as it would `Openat2Fs`), then each directory
     below it the way `Openat2Fs` takes them: no symlink, no other mount."""
     try:
-        fd = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         if not create:
             return None
         raise UnsafePath("the container has no /dev directory") from None
+    except OSError as exc:  # ENOTDIR, ELOOP: a symlink, or no directory
+        if exc.errno == errno.ENOTDIR:
+            exc = OSError(errno.ELOOP, os.strerror(errno.ELOOP), "/dev")
+        raise _below_error("/dev", exc) from exc
+    if stat.S_ISLNK(os.fstat(fd).st_mode):  # O_PATH|O_NOFOLLOW opens a link itself
+        os.close(fd)
+        raise _below_error("/dev", OSError(errno.ELOOP, os.strerror(errno.ELOOP), "/dev"))
     walked = "/dev"
     for name in path.removeprefix("/dev").split("/")[1:]:
         walked += "/" + name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import signal
@@ -16,7 +17,7 @@ from hotmount.errors import ContainerNotFound, UnsafePath
 from hotmount.tenantfs import procfs
 from hotmount.tenantfs.devnodes import NodeState, Openat2Fs, SetnsFs, open_container_fs
 from tests.kernel.conftest import GPU0
-from tests.support.runc import RuncContainer
+from tests.support.runc import RuncContainer, make_rootfs
 
 FS_KINDS = {"openat2": Openat2Fs, "setns": SetnsFs}
 
@@ -204,3 +205,45 @@ def test_a_dev_that_is_itself_a_symlink_is_refused_not_followed(tmp_path: Path) 
         os.close(ready_read)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def _replace_dev_with_a_symlink(pid: int) -> None:
+    """What a privileged tenant can do: unmount the runtime's /dev and put a symlink in
+    its place (done here from a child in the container's mount namespace)."""
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            with open(f"/proc/{pid}/ns/mnt") as ns:
+                assert libc.setns(ns.fileno(), 0x00020000) == 0  # CLONE_NEWNS
+            assert libc.umount2(b"/dev", 2) == 0  # MNT_DETACH
+            os.rmdir("/dev")
+            os.mkdir("/elsewhere")
+            os.symlink("/elsewhere", "/dev")
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("method", sorted(FS_KINDS))
+def test_a_containers_dev_replaced_by_a_symlink_is_refused_not_followed(
+    engine: Engine, tmp_path: Path, method: str
+) -> None:
+    """The same in a real container, for both ways of making nodes: the setns child
+    opened /dev as the namespace resolves it, through the symlink."""
+    container = RuncContainer(tmp_path, make_rootfs(tmp_path / "private"), "v2")
+    try:
+        _replace_dev_with_a_symlink(container.pid)
+        resolved = engine.resolve(container.id)
+        fs = open_container_fs(engine.host.proc, resolved, method)
+        try:
+            with pytest.raises(UnsafePath, match="/dev in the container is"):
+                fs.ensure(DeviceNode("/dev/nvidia0", 195, 0))
+        finally:
+            fs.close()
+        assert container.exec("ls", "/elsewhere").stdout.split() == []
+    finally:
+        container.stop()
