@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hotmount.errors import ContainerNotFound, KernelError
@@ -37,10 +36,9 @@ def host_ns_fd(host: HostRoot) -> int:
         pass
     except OSError as exc:
         raise KernelError(f"opening {path}: {exc.strerror}") from exc
-    kthreadd = host.path("/proc/2")
     try:
-        if not _is_kernel_thread(kthreadd):
-            raise ValueError(f"{kthreadd} is not a kernel thread")
+        if not _is_kernel_thread(host, 2):
+            raise ValueError("PID 2 is not a kernel thread")
         return procfs.open_namespace(host.proc, 2, "net")
     except (OSError, ValueError, IndexError) as exc:
         raise KernelError(
@@ -102,13 +100,12 @@ def _netns_inodes(host: HostRoot) -> Iterator[tuple[int, int]]:
 def container_ns(host: HostRoot, pid: int, start_time: int) -> Iterator[int]:
     """An fd of the container's network namespace, proven to be its init's (the PID
     not reused since) and not the host's own (a hostNetwork pod)."""
-    proc = host.path(f"/proc/{pid}")
     try:
         fd = procfs.open_namespace(host.proc, pid, "net")
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
     try:
-        if _start_time(proc) != start_time:
+        if _start_time(host, pid) != start_time:
             raise ContainerNotFound(f"PID {pid} is not the container's init any more")
         host_fd = host_ns_fd(host)
         try:
@@ -125,14 +122,14 @@ def container_ns(host: HostRoot, pid: int, start_time: int) -> Iterator[int]:
         os.close(fd)
 
 
-def _is_kernel_thread(proc: Path) -> bool:
-    flags = int((proc / "stat").read_text().rpartition(")")[2].split()[6])
+def _is_kernel_thread(host: HostRoot, pid: int) -> bool:
+    flags = int(procfs.read_text(host.proc, pid, "stat").rpartition(")")[2].split()[6])
     return bool(flags & 0x00200000)  # PF_KTHREAD
 
 
-def _start_time(proc: Path) -> int:
+def _start_time(host: HostRoot, pid: int) -> int:
     try:
-        text = (proc / "stat").read_text()
+        text = procfs.read_text(host.proc, pid, "stat")
     except (FileNotFoundError, ProcessLookupError) as exc:
-        raise ContainerNotFound(f"{proc} has exited") from exc
+        raise ContainerNotFound(f"process {pid} has exited") from exc
     return int(text.rpartition(")")[2].split()[19])

@@ -1,6 +1,7 @@
 """One door to a tenant's files and processes (issue 41, item 4), held by reading the
 source: no module of hotmount/, agent/ or cli/ outside hotmount/tenantfs/ builds a path
-into `/proc/<pid>/root`, `cwd`, `fd`, `fdinfo` or `ns/...`, and none but
+into `/proc/<pid>/root`, `cwd`, `fd`, `fdinfo` or `ns/...` (nor any `/proc/<pid>` path:
+`/proc/1/...`, `f"/proc/{pid}"`, `host.proc / ...`), and none but
 hotmount/tenantfs/signals.py sends a signal (and that one through pidfds only).
 
 Strings are read from the syntax tree: constants, f-strings (each `{...}` read as one
@@ -26,6 +27,7 @@ _ENTRIES = r"(?:root|cwd|fd|fdinfo|ns)"
 _PROC_PATH = re.compile(rf"/proc/(?!self/|thread-self/)[^/\s`'\"]+/{_ENTRIES}(?:/|$|\W)")
 _FORMATTED = re.compile(rf"\{{\}}/{_ENTRIES}(?:/|$)")
 _NS_LINK = re.compile(r"(?:^|/)ns/(?:\{\}|[a-z_]+)")
+_ANY_PID = re.compile(r"/proc/(?:[0-9]+|\{\})(?:/|$)")  # `/proc/1/stat`, f"/proc/{pid}"
 _OWN = re.compile(r"^/proc/(?:self|thread-self)/")  # the agent's own: no tenant's
 _JOINED_PARTS = {"root", "cwd", "fd", "fdinfo", "ns"}
 # Sending a signal: by PID anywhere, or by pidfd outside the one module.
@@ -55,6 +57,11 @@ def _is_join(node: ast.Call) -> bool:
     return isinstance(func, ast.Name) and func.id in ("Path", "PurePath")
 
 
+def _is_proc(node: ast.expr) -> bool:
+    """`host.proc`, `self.host.proc`: the host's /proc, where every PID's directory is."""
+    return isinstance(node, ast.Attribute) and node.attr == "proc"
+
+
 def path_problems(source: str) -> Iterator[tuple[int, str]]:
     """(line, what) for each path into /proc/<pid>'s root, cwd, fd, fdinfo or ns/ built
     in `source`."""
@@ -65,24 +72,32 @@ def path_problems(source: str) -> Iterator[tuple[int, str]]:
             if id(node) in prose:
                 continue
             own = _OWN.match(node.value)
-            if _PROC_PATH.search(node.value) or (_NS_LINK.search(node.value) and not own):
+            if (
+                _PROC_PATH.search(node.value)
+                or _ANY_PID.search(node.value)
+                or (_NS_LINK.search(node.value) and not own)
+            ):
                 yield node.lineno, f"the string {node.value!r}"
         elif isinstance(node, ast.JoinedStr):
             text = _text(node)
             own = _OWN.match(text)
             if (
                 _PROC_PATH.search(text)
+                or _ANY_PID.search(text)
                 or _FORMATTED.search(text)
                 or (_NS_LINK.search(text) and not own)
             ):
                 yield node.lineno, f"the f-string {ast.unparse(node)}"
         elif isinstance(node, ast.Call) and _is_join(node):
             parts = [a.value for a in node.args if isinstance(a, ast.Constant)]
-            if any(isinstance(p, str) and p.strip("/") in _JOINED_PARTS for p in parts):
+            under_proc = bool(node.args) and _is_proc(node.args[0])
+            if under_proc or any(
+                isinstance(p, str) and p.strip("/") in _JOINED_PARTS for p in parts
+            ):
                 yield node.lineno, f"the path {ast.unparse(node)}"
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             right = node.right
-            if (
+            if _is_proc(node.left) or (
                 isinstance(right, ast.Constant)
                 and isinstance(right.value, str)
                 and right.value.strip("/") in _JOINED_PARTS
@@ -166,8 +181,14 @@ def f(proc, pid, n, base, p):
     os.kill(pid, signal.SIGTERM)
     signal.pidfd_send_signal(n, signal.SIGKILL)
     p.terminate()
+    i = p.host.proc / str(pid) / "stat"
+    j = os.path.join(p.host.proc, str(pid))
+    k = Path(f"/proc/{pid}") / "status"
+    m = "/proc/2"
+    q = "/proc/driver/nvidia/gpus"
 '''
-    lines = sorted(line for line, _ in path_problems(source))
-    assert lines == [7, 8, 9, 10, 11, 12], lines  # not the docstring, not /proc/self
+    lines = sorted({line for line, _ in path_problems(source)})
+    # not the docstring, not /proc/self, not /proc/driver
+    assert lines == [7, 8, 9, 10, 11, 12, 17, 18, 19, 20], lines
     signals = sorted(line for line, _ in signal_problems(source))
     assert signals == [4, 14, 15, 16], signals
