@@ -4,7 +4,7 @@ Reconcile runs on one thread; a pass that never returns (a filesystem wait outsi
 bounded child, a lock that is never released) stops idle reclaim, take-backs,
 remounts and orphan cleanup while every route still answers. So liveness is the age
 of the reconcile thread's last sign of life: a finished pass, or, within a pass, a
-bounded child (hotmount/forked.py) that returned or was killed at its deadline. A
+bounded child (hotmount/tenantfs/forked.py) that returned or was killed at its deadline. A
 pass slowed by tenants' hung filesystems keeps ticking and is not restarted for it
 (that would let a tenant restart the agent at will); a pass stuck for good stops
 ticking. Before the first pass the age counts from the agent's start.
@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from hotmount import forked
+from hotmount.tenantfs import forked
 
 
 class ReconcileHeartbeat:

@@ -40,10 +40,10 @@ from agent.node.reconcile import ReconcilePass
 from agent.podresources import PodResourcesClient
 from agent.routes import containers, devices, health, pods
 from agent.schemas import Status
-from hotmount import forked
 from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import HotmountError
 from hotmount.results import ReconcileReport
+from hotmount.tenantfs import forked
 
 gc.enable()
 

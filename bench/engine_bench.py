@@ -18,8 +18,8 @@ Prints p50/p99 of:
   on the host (cold: a fresh resolver walks the cgroup tree; warm: cached), against
   the /proc scan it avoids;
 - in the same run, the engine as it was before issue 32: the unmount's open-file scan
-  in a child forked per call (hotmount/forked.py) instead of a kept worker
-  (hotmount/workers.py); a fork also slows the mount after it (copy-on-write faults);
+  in a child forked per call (hotmount/tenantfs/forked.py) instead of a kept worker
+  (hotmount/tenantfs/workers.py); a fork also slows the mount after it (copy-on-write faults);
 - the mount under `--inject-driver=auto` (the agent's default) with no driver source,
   its CDI specs parsed once per text against parsed on every mount (as before).
 """
@@ -33,11 +33,11 @@ import tempfile
 from pathlib import Path
 
 from bench.stats import percentile, summary, timed
-from hotmount import forked, workers
 from hotmount.claims import Claim, Footprint
 from hotmount.containers import ContainerResolver
 from hotmount.driver import sources
 from hotmount.engine import Engine, EngineConfig
+from hotmount.tenantfs import forked, workers
 from tests.support.fixtures import STAND_IN_SPEC
 from tests.support.runc import RuncContainer, make_rootfs, missing_requirements
 

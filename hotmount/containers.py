@@ -19,6 +19,7 @@ from pathlib import Path
 from hotmount.cgroups.detect import CgroupLayout
 from hotmount.errors import ContainerNotFound, InvalidContainerRef, NotInContainer
 from hotmount.hostfs import HostRoot
+from hotmount.tenantfs import procfs
 
 _RUNTIME_PREFIXES = ("containerd://", "cri-o://", "docker://")
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
@@ -111,6 +112,11 @@ class Container:
     def pids(self) -> list[int]:
         """Every process in the container's cgroup and below, read live."""
         return read_cgroup_pids(self.procs_dir)
+
+    def owns(self, proc_cgroup: bytes) -> bool:
+        """Whether a process whose /proc/PID/cgroup reads `proc_cgroup` is in the cgroups
+        this container was resolved in (hotmount/tenantfs/procfs.py pins by it)."""
+        return parse_proc_cgroup(proc_cgroup.decode()) == self.cgroups
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -227,28 +233,23 @@ class ContainerResolver:
 
     def _scan_proc(self, container_id: str) -> int | None:
         """Fallback for layouts the walk does not reach: one pass over /proc."""
-        with os.scandir(self.host.proc) as entries:
-            for entry in entries:
-                if not entry.name.isdigit():
-                    continue
-                try:
-                    text = Path(entry.path, "cgroup").read_text()
-                except OSError:
-                    continue
-                paths = parse_proc_cgroup(text)
-                for path in (paths.v2, paths.v1_devices):
-                    if path and container_id_from_path(path) == container_id:
-                        return int(entry.name)
+        for pid in procfs.pids(self.host.proc):
+            try:
+                text = procfs.read_text(self.host.proc, pid, "cgroup")
+            except OSError:
+                continue
+            paths = parse_proc_cgroup(text)
+            for path in (paths.v2, paths.v1_devices):
+                if path and container_id_from_path(path) == container_id:
+                    return pid
         return None
 
     def _from_pid(self, pid: int, expected_id: str | None) -> Container:
         if pid == 1:
             raise NotInContainer("PID 1 is the host's init, not a container")
-        proc = os.path.join(self.host.proc, str(pid))
         try:
-            with open(os.path.join(proc, "cgroup")) as cgroup:
-                paths = parse_proc_cgroup(cgroup.read())
-            mnt_ns = os.readlink(os.path.join(proc, "ns", "mnt"))
+            paths = parse_proc_cgroup(procfs.read_text(self.host.proc, pid, "cgroup"))
+            mnt_ns = procfs.namespace(self.host.proc, pid, "mnt")
         except FileNotFoundError as exc:
             what = f"container {expected_id}" if expected_id else f"process {pid}"
             raise ContainerNotFound(f"{what} is not running") from exc
@@ -295,9 +296,9 @@ class ContainerResolver:
         """The host's mount namespace: PID 1's, or ours where PID 1's is hidden from us."""
         if self._host_ns is None:
             try:
-                self._host_ns = os.readlink(self.host.proc / "1" / "ns" / "mnt")
+                self._host_ns = procfs.namespace(self.host.proc, 1, "mnt")
             except PermissionError:
-                self._host_ns = os.readlink("/proc/self/ns/mnt")
+                self._host_ns = procfs.namespace("/proc", "self", "mnt")
         return self._host_ns
 
 
@@ -346,10 +347,9 @@ def _init_pid(host: HostRoot, pids: list[int]) -> int:
     best: tuple[int, bool, int, bool, int] | None = None
     members = set(pids)
     for pid in pids:
-        proc = host.proc / str(pid)
         try:
-            status = (proc / "status").read_text()
-            stat_fields = (proc / "stat").read_text().rpartition(")")[2].split()
+            status = procfs.read_text(host.proc, pid, "status")
+            stat_fields = procfs.read_text(host.proc, pid, "stat").rpartition(")")[2].split()
         except OSError:
             continue  # exited meanwhile
         nspid = next(

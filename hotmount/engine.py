@@ -25,7 +25,6 @@ from hotmount.containers import Container, ContainerRef, ContainerResolver
 from hotmount.devices import companions
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
 from hotmount.devices.model import Device
-from hotmount.devnodes import ContainerFs, open_container_fs
 from hotmount.driver.injection import DriverInjection
 from hotmount.errors import ContainerNotFound, HotmountError, NotInContainer
 from hotmount.grants import CgroupGrants
@@ -54,6 +53,7 @@ from hotmount.results import (
 )
 from hotmount.status import container_status
 from hotmount.suspend.flow import Suspender
+from hotmount.tenantfs.devnodes import ContainerFs, open_container_fs
 
 log = logging.getLogger(__name__)
 
@@ -471,8 +471,7 @@ class Engine:
 
     @contextlib.contextmanager
     def _fs(self, container: Container) -> Iterator[ContainerFs]:
-        proc_dir = f"{self._proc}/{container.init_pid}"
-        fs = open_container_fs(proc_dir, self.config.node_method)
+        fs = open_container_fs(self._proc, container, self.config.node_method)
         try:
             yield fs
         finally:

@@ -22,6 +22,7 @@ from hotmount.containers import (
     read_pids_file,
 )
 from hotmount.errors import ContainerNotFound, NotInContainer
+from hotmount.tenantfs import procfs
 
 
 def enter(
@@ -124,21 +125,15 @@ def read_proc(proc: str, pid: int, name: str, size: int) -> bytes:
     """One read of /proc/PID/`name` (os-level: the mount hot path); a gone process is
     ContainerNotFound, whether it went before the open or during the read."""
     try:
-        fd = os.open(f"{proc}/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+        return procfs.read(proc, pid, name, size)
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
-    try:
-        return os.read(fd, size)
-    except ProcessLookupError as exc:
-        raise ContainerNotFound(f"process {pid} has exited") from exc
-    finally:
-        os.close(fd)
 
 
 def pid_namespace(proc: str, pid: int) -> str:
     """The process's PID namespace, as `/proc/PID/ns/pid` names it (`pid:[inode]`)."""
     try:
-        return os.readlink(f"{proc}/{pid}/ns/pid")
+        return procfs.namespace(proc, pid, "pid")
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
 
@@ -161,7 +156,7 @@ def cgroups_of(proc: str, pid: int) -> CgroupPaths:
 
 def mnt_ns(proc: str, pid: int) -> str:
     try:
-        return os.readlink(f"{proc}/{pid}/ns/mnt")
+        return procfs.namespace(proc, pid, "mnt")
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
 

@@ -21,12 +21,12 @@ from hotmount import plan
 from hotmount.cgroups.v1 import allows
 from hotmount.containers import Container
 from hotmount.devices.model import Device
-from hotmount.devnodes import ContainerFs, NodeState
 from hotmount.driver.injection import DriverInjection
 from hotmount.errors import ContainerNotFound, UnsafePath
 from hotmount.grants import CgroupGrants, rule_of
 from hotmount.ledger import ContainerRecord, Ledger, NodeRecord
 from hotmount.liveness import Liveness
+from hotmount.tenantfs.devnodes import ContainerFs, NodeState
 
 log = logging.getLogger(__name__)
 

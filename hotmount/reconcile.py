@@ -13,11 +13,11 @@ import logging
 from hotmount import claims, plan
 from hotmount.claims import Claim
 from hotmount.devices.inventory import Inventory
-from hotmount.devnodes import ContainerFs, NodeState
 from hotmount.errors import UnsafePath
 from hotmount.grants import CgroupGrants, rule_of
 from hotmount.ledger import ContainerRecord, Ledger
 from hotmount.results import ReconcileReport
+from hotmount.tenantfs.devnodes import ContainerFs, NodeState
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def repair_drift(
     create again the nodes someone removed; counted in `report`. The caller saves.
 
     A node whose path the tenant made unsafe (its directory replaced by a symlink or a
-    volume: hotmount/devnodes.py refuses it without looking inside) is named in
+    volume: hotmount/tenantfs/devnodes.py refuses it without looking inside) is named in
     `report.errors`, and the other nodes are still repaired."""
     v1 = grants.v1(record.v1_dir)
     if v1 is not None:

@@ -9,11 +9,11 @@ from contextlib import AbstractContextManager
 from hotmount import plan
 from hotmount.containers import Container
 from hotmount.devices.model import DeviceRule
-from hotmount.devnodes import ContainerFs, NodeState
 from hotmount.errors import ContainerNotFound, UnsafePath
 from hotmount.grants import CgroupGrants, rule_of
 from hotmount.ledger import ContainerRecord, NodeRecord
 from hotmount.results import ContainerStatus, DeviceStatus, NodeStatus
+from hotmount.tenantfs.devnodes import ContainerFs, NodeState
 
 
 def container_status(

@@ -6,7 +6,7 @@ usable. So unmount looks at `/proc/<pid>/fd` of every process in the container
 
 That look may not finish: a tenant can hold more fds than a scan gets through before
 its deadline, or keep them on a filesystem that does not answer
-(hotmount/openfiles.py). Then some processes are *unclassified*: they may hold the
+(hotmount/tenantfs/openfiles.py). Then some processes are *unclassified*: they may hold the
 device or not. Without `force` that refuses the unmount (ScanIncomplete), and nothing
 changes. With `force` (every take-back is forced) the unmount does not wait for an
 answer that may never come: the device is revoked and its nodes removed first, then
@@ -22,14 +22,13 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hotmount import openfiles
 from hotmount.errors import DeviceBusy, HeldWithStayingDevices, Holder, ScanIncomplete
+from hotmount.tenantfs import openfiles, procfs, signals
 
 UNLOOKED = "(open files not all looked at)"  # an unclassified process's Holder.path
 _UNNAMED = "(a device node; too many holders to name each path)"
@@ -75,7 +74,7 @@ def look(proc: Path, pids: Iterable[int], numbers: set[tuple[int, int]]) -> Look
 
     The fds are looked at without following them into a filesystem that may never
     answer (a tenant's stopped NFS server, a FUSE server), within a budget, and the
-    answer is bounded: hotmount/openfiles.py."""
+    answer is bounded: hotmount/tenantfs/openfiles.py."""
     found = openfiles.scan(proc, list(pids), numbers)
     return Look(
         [Holder(pid, comm(proc, pid), path or _UNNAMED) for pid, path in found.named_holders()],
@@ -191,12 +190,7 @@ class Pinned:
         process has exited, is not signalled (whoever holds that number now).
         """
         chosen = {pid: self._pidfds[pid] for pid in set(pids) if pid in self._pidfds}
-        signalled = [pid for pid, fd in chosen.items() if _signal(fd, signal.SIGTERM)]
-        remaining = _wait({pid: chosen[pid] for pid in signalled}, grace)
-        for pid in remaining:
-            _signal(chosen[pid], signal.SIGKILL)
-        _wait({pid: chosen[pid] for pid in remaining}, 5.0)
-        return sorted(signalled)
+        return signals.stop(chosen, grace)
 
     def alive(self, pid: int) -> bool:
         readable, _, _ = select.select([self._pidfds[pid]], [], [], 0)
@@ -415,34 +409,5 @@ def _also_text(found: list[Holder], also: list[Holder]) -> str:
     return "; ".join(parts)
 
 
-def _signal(pidfd: int, signum: int) -> bool:
-    try:
-        signal.pidfd_send_signal(pidfd, signum)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _wait(pidfds: dict[int, int], timeout: float) -> list[int]:
-    """Wait until the processes exit; return those still alive at the deadline."""
-    poller = select.poll()
-    by_fd = {fd: pid for pid, fd in pidfds.items()}
-    for fd in by_fd:
-        poller.register(fd, select.POLLIN)
-    alive = set(by_fd)
-    deadline = time.monotonic() + timeout
-    while alive:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        for fd, _event in poller.poll(left * 1000):
-            alive.discard(fd)
-            poller.unregister(fd)
-    return sorted(by_fd[fd] for fd in alive)
-
-
 def comm(proc: Path, pid: int) -> str:
-    try:
-        return (proc / str(pid) / "comm").read_text().strip()
-    except OSError:
-        return "?"
+    return procfs.comm(proc, pid)

@@ -128,7 +128,7 @@ class IdleReclaim:
         Returns the devices unmounted in this pass (not those being suspended).
 
         A look at the open files that cannot finish (a tenant's fd flood, a filesystem
-        that does not answer, hotmount/openfiles.py) cannot prove the GPU idle: under
+        that does not answer, hotmount/tenantfs/openfiles.py) cannot prove the GPU idle: under
         `unheld` it counts as held, as a process holding the GPU open does (the flood
         gets the tenant nothing an open fd would not). It never blocks a reclaim that
         is due under `unused`: that unmount is forced, and a forced unmount revokes the

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hotmount import workers
 from hotmount.containers import Container
 from hotmount.devices.model import Device
 from hotmount.driver import sources, steps
@@ -27,6 +26,7 @@ from hotmount.driver.place import DriverPlacer
 from hotmount.errors import DriverRefused, DriverUnavailable, UnsafePath
 from hotmount.hostfs import HostRoot
 from hotmount.ledger import ContainerRecord, DriverFileRecord
+from hotmount.tenantfs import workers
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,9 @@ class DriverAddition:
         }
 
 
-def _auto_brings_driver(proc_pid_dir: str) -> bool:  # pragma: no cover - in a worker
+def _auto_brings_driver(proc: str, pid: int) -> bool:  # pragma: no cover - in a worker
     """`DriverPlacer.auto_brings_driver` from a placer opened here, in the worker."""
-    placer = DriverPlacer(proc_pid_dir, HostRoot(Path("/")))  # no host file is read
+    placer = DriverPlacer(proc, pid, HostRoot(Path("/")))  # no host file is read
     try:
         return placer.auto_brings_driver()
     finally:
@@ -123,12 +123,11 @@ class DriverInjection:
             yield None  # auto: nothing to bring is not an error
             return
         if unasked:
-            # auto's look in a kept worker (hotmount/workers.py), not a fork per mount. Its
+            # auto's look in a kept worker (hotmount/tenantfs/workers.py), not a fork per mount. Its
             # answer is this container's: `check` after it proves the init has not exited
             # since the pidfd was taken, so the PID the worker opened was still its own.
             what = "auto's look for the container's own libcuda"
-            proc_dir = f"{self.proc}/{container.init_pid}"
-            brings = workers.call(_auto_brings_driver, (proc_dir,), what)
+            brings = workers.call(_auto_brings_driver, (self.proc, container.init_pid), what)
             check()
             if not brings:
                 yield None
@@ -151,7 +150,7 @@ class DriverInjection:
     def placer(self, container: Container, check: Callable[[], None]) -> Iterator[DriverPlacer]:
         """A placer on the container's init; `check` proves, once /proc/PID/root and
         ns/mnt are open, that the PID is still that init (raises ContainerNotFound)."""
-        placer = DriverPlacer(f"{self.proc}/{container.init_pid}", self.files_host)
+        placer = DriverPlacer(self.proc, container.init_pid, self.files_host)
         try:
             check()
             yield placer

@@ -22,8 +22,8 @@ import errno
 import os
 from collections.abc import Callable
 
-from hotmount import forked
 from hotmount.errors import ContainerNotFound, KernelError
+from hotmount.tenantfs import forked
 
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442  # x86_64 and aarch64
 OPEN_TREE_CLONE = 1
@@ -112,7 +112,7 @@ def _umount(dir_fd: int, name: str) -> int:
 
 
 def _in_namespace(ns_fd: int, work: Callable[[], int], keep: tuple[int, ...]) -> int:
-    """Run `work` in a forked child inside the mount namespace (hotmount/forked.py: its
+    """Run `work` in a forked child inside the mount namespace (hotmount/tenantfs/forked.py: its
     other fds closed, a deadline, a kill); its errno comes back."""
 
     def in_namespace() -> int:  # pragma: no cover - runs in the child

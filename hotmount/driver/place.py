@@ -1,8 +1,9 @@
 """Put driver files into a running container and take them out, with the nodes' care.
 
-Every container path is resolved by openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-from the container's root (hotmount/devnodes.py), every host source the same way
-from its own root; missing directories are made one by one the same way. A file
+Every container path is resolved by openat2 from the container's root, inside it and
+never across a mount (hotmount/tenantfs/rootdirs.py, the one door to a tenant's
+files), every host source inside its own root; missing directories are made one by one
+the same way. A file
 is bind-mounted onto an empty file we created with O_EXCL, through the fd that
 creation returned (hotmount/driver/mountapi.py), so a swapped path cannot redirect
 it. Anything already at a target that is not our own addition is refused, never
@@ -19,32 +20,26 @@ import posixpath
 import stat
 from typing import NamedTuple
 
-from hotmount import forked
-from hotmount.devnodes import (
-    RESOLVE_IN_ROOT,
-    RESOLVE_NO_MAGICLINKS,
-    RESOLVE_NO_XDEV,
-    RootDirs,
-    describe,
-    openat2,
-    openat2_available,
-)
 from hotmount.driver import elf, mountapi
 from hotmount.driver.files import BIND, DriverFile, has_soname, is_firmware, library_dirs
-from hotmount.errors import ContainerNotFound, DriverRefused, KernelError, UnsafePath
+from hotmount.errors import DriverRefused, KernelError, UnsafePath
 from hotmount.hostfs import HostRoot
+from hotmount.tenantfs import forked
+from hotmount.tenantfs.devnodes import describe
+from hotmount.tenantfs.resolve import open_at, openat2_available
+from hotmount.tenantfs.rootdirs import RootDirs
 
 log = logging.getLogger(__name__)
 
-_RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
-# In the container, never across a mount: a volume (an NFS share the tenant can stop, a
-# host directory) is not where the driver's files go, nor what the placer walks.
-_RESOLVE_TARGET = _RESOLVE | RESOLVE_NO_XDEV
+# The host's files (not a tenant's): a driver root is followed as the host would, and it
+# is a mount of its own (the GPU Operator's driver container, a CDI spec's host paths).
+_HOST_LINKS = "a driver root and its files are followed as the host itself would"
+_HOST_MOUNTS = "a driver root is a mount of its own on the host"
 _ABSENT, _PRESENT, _MISMATCH = "absent", "present", "mismatch"
 _SONAME_BYTES = 8 << 20  # the dynamic section and its strings sit near a library's start
 _CACHE_BYTES = 16 << 20
 # Every look at or change to the container's files runs in a killable child with a
-# deadline (hotmount/forked.py): a volume of the tenant's that never answers (a stopped
+# deadline (hotmount/tenantfs/forked.py): a volume of the tenant's that never answers (a stopped
 # NFS server, a FUSE server) costs that one call, not the agent's reconcile thread.
 _BOUNDED = forked.bounded("driver files: work in the container's filesystem")
 
@@ -83,9 +78,7 @@ class HostSources:
         try:
             if self._host_fd is None:
                 self._host_fd = os.open(self.host.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            root = openat2(
-                self._host_fd, source_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, _RESOLVE
-            )
+            root = _host_open(self._host_fd, source_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise DriverRefused(f"driver root {source_root}: {exc.strerror}") from exc
         self._roots[source_root] = root
@@ -96,7 +89,7 @@ class HostSources:
         or is itself a symlink (usrmerge's /lib: the same files by another name)."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = openat2(self.root(source_root), directory, flags, _RESOLVE)
+            fd = _host_open(self.root(source_root), directory, flags)
         except (OSError, DriverRefused):  # no such root (yet) or directory: nothing there
             return None
         try:
@@ -108,7 +101,7 @@ class HostSources:
         """An O_PATH fd of a bind's source: a regular file or a directory."""
         root = self.root(file.source_root)
         try:
-            fd = openat2(root, file.source, os.O_PATH | os.O_CLOEXEC, _RESOLVE)
+            fd = _host_open(root, file.source, os.O_PATH | os.O_CLOEXEC)
         except OSError as exc:
             raise DriverRefused(f"host file {file.source}: {exc.strerror}") from exc
         mode = os.fstat(fd).st_mode
@@ -139,43 +132,30 @@ class HostSources:
             os.close(fd)
 
 
-class TargetFs(RootDirs):
-    """The container's root filesystem only: paths that cross into another mount
-    (a volume, a bind) are refused, never followed."""
-
-    _RESOLVE = _RESOLVE_TARGET
-
-    def _error(self, path: str, exc: OSError) -> Exception:
-        if exc.errno == errno.EXDEV:
-            return UnsafePath(
-                f"{path} in the container crosses into another mount (a volume?); "
-                "the driver's files go only into the container's own root filesystem"
-            )
-        return super()._error(path, exc)
+def _host_open(dirfd: int, path: str, flags: int) -> int:
+    """A host file inside its root (`in_root`: its absolute links stay in it)."""
+    return open_at(
+        dirfd, path, flags, in_root=True, follow_symlinks=_HOST_LINKS, cross_mounts=_HOST_MOUNTS
+    )
 
 
 class DriverPlacer:
     """One container's side: look, place, remove. Close it when done."""
 
-    def __init__(self, proc_pid_dir: str, host: HostRoot) -> None:
+    def __init__(self, proc: str, pid: int, host: HostRoot) -> None:
         if not openat2_available():
             raise DriverRefused("placing driver files needs openat2 (kernel 5.6+)")
-        self.fs = TargetFs(proc_pid_dir)
+        self.fs = RootDirs(proc, pid)
+        self.ns_fd = self.fs.ns_fd
         self.sources = HostSources(host)
-        try:
-            self.ns_fd = os.open(f"{proc_pid_dir}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        except (FileNotFoundError, ProcessLookupError) as exc:
-            self.fs.close()
-            raise ContainerNotFound("the container's process has exited") from exc
 
     def close(self) -> None:
-        os.close(self.ns_fd)
         self.sources.close()
         self.fs.close()
 
     def fds(self) -> list[int]:
         """What a bounded child needs: the namespace, the roots, the directories open."""
-        return [self.ns_fd, self.fs.root_fd, *self.fs.open_fds(), *self.sources.fds()]
+        return [*self.fs.open_fds(), *self.sources.fds()]
 
     # -- what the container has
     @_BOUNDED
@@ -200,8 +180,7 @@ class DriverPlacer:
         So it is looked at through an O_PATH fd, which opens nothing, and only a regular
         file is then opened (through that fd: the same inode), non-blocking, no tty."""
         try:
-            path_fd = openat2(self.fs.root_fd, "/etc/ld.so.cache", os.O_PATH | os.O_CLOEXEC,
-                              _RESOLVE_TARGET)  # fmt: skip
+            path_fd = self.fs.open("/etc/ld.so.cache", os.O_PATH | os.O_CLOEXEC)
         except OSError:
             return None
         try:

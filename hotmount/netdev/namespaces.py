@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hotmount.errors import ContainerNotFound, KernelError
 from hotmount.hostfs import HostRoot
 from hotmount.netdev import netlink
 from hotmount.netdev.plan import NetdevRecord, NetdevRefused, netns_holder
+from hotmount.tenantfs import procfs
 
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
@@ -29,18 +29,17 @@ def host_ns_fd(host: HostRoot) -> int:
     hostNetwork); where PID 1 refuses (a sandbox's init may be non-dumpable: EACCES
     even to root, on open and readlink alike), kthreadd's (PID 2, a kernel thread:
     kernel threads live in the initial namespace). Never a guess: neither, an error."""
-    path = host.path("/proc/1/ns/net")
+    path = procfs.namespace_path(host.proc, 1, "net")  # for messages
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return procfs.open_namespace(host.proc, 1, "net")
     except PermissionError:
         pass
     except OSError as exc:
         raise KernelError(f"opening {path}: {exc.strerror}") from exc
-    kthreadd = host.path("/proc/2")
     try:
-        if not _is_kernel_thread(kthreadd):
-            raise ValueError(f"{kthreadd} is not a kernel thread")
-        return os.open(kthreadd / "ns" / "net", os.O_RDONLY | os.O_CLOEXEC)
+        if not _is_kernel_thread(host, 2):
+            raise ValueError("PID 2 is not a kernel thread")
+        return procfs.open_namespace(host.proc, 2, "net")
     except (OSError, ValueError, IndexError) as exc:
         raise KernelError(
             f"the host's network namespace cannot be opened ({path}: permission denied; "
@@ -79,7 +78,7 @@ def _holder_ns(host: HostRoot, record: NetdevRecord) -> Iterator[int]:
     if holder is None:
         raise ContainerNotFound(f"the network namespace of {record.container} is gone")
     try:
-        fd = os.open(host.path(f"/proc/{holder}/ns/net"), os.O_RDONLY | os.O_CLOEXEC)
+        fd = procfs.open_namespace(host.proc, holder, "net")
     except OSError as exc:
         raise ContainerNotFound(f"PID {holder} has exited") from exc
     try:
@@ -92,25 +91,21 @@ def _holder_ns(host: HostRoot, record: NetdevRecord) -> Iterator[int]:
 
 def _netns_inodes(host: HostRoot) -> Iterator[tuple[int, int]]:
     """(PID, netns inode) of every process (read only for records whose init died)."""
-    proc = host.path("/proc")
-    with os.scandir(proc) as entries:
-        names = [entry.name for entry in entries if entry.name.isdigit()]
-    for name in names:
+    for pid in procfs.pids(host.proc):
         with contextlib.suppress(OSError):
-            yield int(name), os.stat(proc / name / "ns" / "net").st_ino
+            yield pid, procfs.namespace_inode(host.proc, pid, "net")
 
 
 @contextlib.contextmanager
 def container_ns(host: HostRoot, pid: int, start_time: int) -> Iterator[int]:
     """An fd of the container's network namespace, proven to be its init's (the PID
     not reused since) and not the host's own (a hostNetwork pod)."""
-    proc = host.path(f"/proc/{pid}")
     try:
-        fd = os.open(proc / "ns" / "net", os.O_RDONLY | os.O_CLOEXEC)
+        fd = procfs.open_namespace(host.proc, pid, "net")
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ContainerNotFound(f"process {pid} has exited") from exc
     try:
-        if _start_time(proc) != start_time:
+        if _start_time(host, pid) != start_time:
             raise ContainerNotFound(f"PID {pid} is not the container's init any more")
         host_fd = host_ns_fd(host)
         try:
@@ -127,14 +122,14 @@ def container_ns(host: HostRoot, pid: int, start_time: int) -> Iterator[int]:
         os.close(fd)
 
 
-def _is_kernel_thread(proc: Path) -> bool:
-    flags = int((proc / "stat").read_text().rpartition(")")[2].split()[6])
+def _is_kernel_thread(host: HostRoot, pid: int) -> bool:
+    flags = int(procfs.read_text(host.proc, pid, "stat").rpartition(")")[2].split()[6])
     return bool(flags & 0x00200000)  # PF_KTHREAD
 
 
-def _start_time(proc: Path) -> int:
+def _start_time(host: HostRoot, pid: int) -> int:
     try:
-        text = (proc / "stat").read_text()
+        text = procfs.read_text(host.proc, pid, "stat")
     except (FileNotFoundError, ProcessLookupError) as exc:
-        raise ContainerNotFound(f"{proc} has exited") from exc
+        raise ContainerNotFound(f"process {pid} has exited") from exc
     return int(text.rpartition(")")[2].split()[19])

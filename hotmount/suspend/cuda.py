@@ -1,7 +1,7 @@
 """CUDA's checkpoint API (`cuCheckpointProcess*`, cuda.h) through the node's own
 libcuda.so.1, loaded with ctypes from the driver root: never a library the container
 could have placed. Each call runs in a forked child with a deadline
-(hotmount/forked.py): a driver call that hangs costs one call, never the agent, and
+(hotmount/tenantfs/forked.py): a driver call that hangs costs one call, never the agent, and
 the agent's own process never loads the driver's library.
 """
 
@@ -12,9 +12,9 @@ import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from hotmount import forked
 from hotmount.driver.files import library_dirs
 from hotmount.errors import KernelError
+from hotmount.tenantfs import forked
 
 # cuDriverGetVersion reports the CUDA version a driver supports: 12.4 came with the 550
 # branch (the first with the checkpoint calls), 13.0 with 580 (a restore onto other GPUs).

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hotmount.hostfs import HostRoot
+from hotmount.tenantfs import procfs
 
 _NO_LIMIT = 1 << 60  # v1 writes "no limit" as a page-rounded LONG_MAX
 
@@ -32,7 +33,7 @@ def memory_cgroup(proc_cgroup: str) -> tuple[str, str] | None:
 
 def room(host: HostRoot, pid: int) -> int:
     """Bytes the process's memory cgroup (and its ancestors) can still take."""
-    text = (host.proc / str(pid) / "cgroup").read_text()
+    text = procfs.read_text(host.proc, pid, "cgroup")
     found = memory_cgroup(text)
     best = _available(host)
     if found is None:

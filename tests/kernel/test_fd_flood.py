@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from hotmount import forked, usage, workers
+from hotmount import usage
 from hotmount.containers import read_cgroup_pids
 from hotmount.engine import Engine
 from hotmount.errors import ChildTimeout
+from hotmount.tenantfs import forked, workers
 from tests.kernel.conftest import GPU1
 from tests.support.fd_flood import flood, per_process_limit, roomiest_nofile
 from tests.support.pids import pid_exists

@@ -20,10 +20,10 @@ from typing import NamedTuple
 
 import pytest
 
-from hotmount import forked
 from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import ChildTimeout, DeviceBusy, UnsafePath
 from hotmount.results import MountResult, ReconcileReport, UnmountResult
+from hotmount.tenantfs import forked
 from tests.fakes import driver as stand_in
 from tests.kernel.conftest import GPU1, NIC0, NIC1
 from tests.kernel.test_driver_files import GPU, LIB, _cdi_spec, _rootfs

@@ -1,4 +1,4 @@
-"""hotmount/forked.py on real forked processes: answers, errors, fds, the deadline."""
+"""hotmount/tenantfs/forked.py on real forked processes: answers, errors, fds, the deadline."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from hotmount import forked
 from hotmount.errors import ChildTimeout, KernelError, UnsafePath
+from hotmount.tenantfs import forked
 
 
 def test_the_result_and_the_engines_errors_come_back() -> None:

@@ -1,4 +1,4 @@
-"""A mount's line found in a mountinfo read only as far as it (hotmount/mounts.py)."""
+"""A mount's line found in a mountinfo read only as far as it (hotmount/tenantfs/mounts.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.mounts import Mount, MountTable, mount_of
+from hotmount.tenantfs.mounts import Mount, MountTable, mount_of
 
 LOWER = ":".join(f"/var/lib/containerd/snapshots/{n}/fs" for n in range(60))  # > 1 KiB
 MOUNTINFO = (

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hotmount import openfiles
+from hotmount.tenantfs import openfiles
 
 PROC = Path("/proc")
 NULL = (1, 3)

@@ -1,4 +1,4 @@
-"""hotmount/workers.py on real forked processes: one worker serves many calls, and each
+"""hotmount/tenantfs/workers.py on real forked processes: one worker serves many calls, and each
 call keeps forked.run's guarantees (answers, errors, no inherited fds, the deadline)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from hotmount import workers
 from hotmount.errors import ChildTimeout, KernelError, UnsafePath
+from hotmount.tenantfs import workers
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
-"""Bounded children kept for the next call: hotmount/forked.py's guarantees without a
+"""Bounded children kept for the next call: hotmount/tenantfs/forked.py's guarantees without a
 fork per call.
 
 Forking the agent costs milliseconds (its page tables are copied) and slows whatever
 it runs next (every page it writes after a fork is copied once more). A scan that
-must not hang the agent (hotmount/openfiles.py) runs on every unmount, so its child
+must not hang the agent (hotmount/tenantfs/openfiles.py) runs on every unmount, so its child
 is kept: a worker forked once reads (function, arguments) requests from a pipe and
 answers each, and the caller keeps every guarantee of `forked.run`:
 
@@ -28,8 +28,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from hotmount import forked
 from hotmount.errors import ChildTimeout, KernelError
+from hotmount.tenantfs import forked
 
 T = TypeVar("T")
 

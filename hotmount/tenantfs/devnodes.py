@@ -8,10 +8,12 @@ container's absolute symlinks against the *host's* root (a container with
 there: a volume whose NFS server it stopped blocks whoever looks into it, for ever.
 Node work runs in the agent's own process (no fork per node), so it never looks:
 
-- `Openat2Fs` (kernel 5.6+, no fork): the container root as an O_PATH fd, `/dev`
-  opened from it with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)` and refused
+- `Openat2Fs` (kernel 5.6+, no fork): the container root as an O_PATH fd (its init
+  pinned: hotmount/tenantfs/procfs.py), `/dev` opened from it with
+  `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` (a `/dev`
+  that is a symlink is refused: it could point into a volume) and refused
   unless it is the root's own filesystem or a local one (its mount read from procfs,
-  hotmount/mounts.py: asking it could hang). Below `/dev` every step is
+  hotmount/tenantfs/mounts.py: asking it could hang). Below `/dev` every step is
   `openat2(RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS)` from the verified
   parent's fd, and a missing directory is made with `mkdirat` from that fd: a symlink
   (ELOOP) or another mount (EXDEV) anywhere below `/dev`, the node's own path included,
@@ -19,17 +21,17 @@ Node work runs in the agent's own process (no fork per node), so it never looks:
   relative to the directory's fd.
 - `SetnsFs` (fallback): a forked child enters the mount namespace (setns of a
   mount namespace is refused in a multi-threaded process) and works there, bounded
-  by a deadline (hotmount/forked.py), with the same refusals below `/dev` (O_NOFOLLOW
-  and each fd's `mnt_id`, for kernels without openat2).
+  by a deadline (hotmount/tenantfs/forked.py), with the same refusals at and below
+  `/dev` (O_NOFOLLOW and each fd's `mnt_id`, for kernels without openat2).
 
 Modes are set without following the path again: chmod through
 `/proc/self/fd/N` of an O_PATH|O_NOFOLLOW fd after `fstat` proved it is the
 node we made. An existing path that is not the expected character device is
 refused, never overwritten or chmod-ed. Nothing runs from the container image.
 
-`RootDirs` opens directories anywhere in a container's root (symlinks resolved
-inside it) for the driver's files (hotmount/driver/place.py: not across a mount, and
-only in bounded children); never for device nodes.
+`rootdirs.RootDirs` opens directories anywhere in a container's root (symlinks
+resolved inside it) for the driver's files (hotmount/driver/place.py: not across a
+mount, and only in bounded children); never for device nodes.
 """
 
 from __future__ import annotations
@@ -42,23 +44,21 @@ import stat
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from hotmount import forked, mounts
 from hotmount.devices.model import DeviceNode
 from hotmount.errors import ContainerNotFound, KernelError, UnsafePath
+from hotmount.tenantfs import forked, mounts, procfs
+from hotmount.tenantfs.resolve import open_at, openat2_available
 
-SYS_OPENAT2 = 437  # the same on x86_64 and aarch64
-# RESOLVE_* of include/uapi/linux/openat2.h
-RESOLVE_NO_XDEV = 0x01
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
-RESOLVE_IN_ROOT = 0x10
-# Below the container's /dev: never through a symlink, never into another mount.
-RESOLVE_BELOW_DEV = RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+if TYPE_CHECKING:
+    from hotmount.containers import Container
+
 CLONE_NEWNS = 0x00020000
 DIR_MODE = 0o755
+# Why /dev alone is opened across a mount: it is the runtime's own (a tmpfs), and its
+# filesystem is proven local from procfs before anything below it is looked at.
+_DEV_MOUNT = "/dev is the runtime's mount, proven local from procfs before any look below"
 
 
 class NodeState(StrEnum):
@@ -102,44 +102,8 @@ class ContainerFs(Protocol):
     def close(self) -> None: ...
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
 # The process's own symbols, libc among them: find_library("c") would run ldconfig at import.
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-_HOW_SIZE = ctypes.sizeof(_OpenHow)
-_hows: dict[tuple[int, int], _OpenHow] = {}  # the kernel only reads them: one per kind of open
-
-
-def openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
-    how = _hows.get((flags, resolve))
-    if how is None:
-        how = _hows[(flags, resolve)] = _OpenHow(flags=flags, mode=0, resolve=resolve)
-    fd = _libc.syscall(SYS_OPENAT2, dirfd, path.encode(), ctypes.byref(how), _HOW_SIZE)
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    return int(fd)
-
-
-_openat2_works: bool | None = None
-
-
-def openat2_available() -> bool:
-    """Probed once: ENOSYS on old kernels, EPERM/ENOSYS under some seccomp profiles."""
-    global _openat2_works
-    if _openat2_works is None:
-        try:
-            os.close(openat2(-100, "/", os.O_PATH | os.O_DIRECTORY, 0))  # AT_FDCWD
-            _openat2_works = True
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSYS, errno.EPERM):
-                raise
-            _openat2_works = False
-    return _openat2_works
 
 
 # One entry of a directory already verified to be the container's own, as an O_PATH fd:
@@ -150,9 +114,10 @@ Opener = Callable[[int, str, bool], int]
 
 
 def open_below(dirfd: int, name: str, directory: bool) -> int:
-    """By `openat2(RESOLVE_BELOW_DEV)`: the kernel refuses, and enters nothing."""
+    """By openat2 beneath `dirfd`, through no symlink and into no other mount
+    (`resolve.open_at`'s default): the kernel refuses, and enters nothing."""
     flags = os.O_PATH | os.O_CLOEXEC | (os.O_DIRECTORY if directory else os.O_NOFOLLOW)
-    return openat2(dirfd, name, flags, RESOLVE_BELOW_DEV)
+    return open_at(dirfd, name, flags)
 
 
 def nofollow_opener(fdinfo_dir: int) -> Opener:
@@ -280,85 +245,18 @@ def _remove_node(open_: Opener, dirfd: int, name: str, node: DeviceNode) -> bool
     return True
 
 
-def _open_root(proc_pid_dir: Path | str) -> int:
-    try:
-        return os.open(
-            os.path.join(proc_pid_dir, "root"), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-        )
-    except (FileNotFoundError, ProcessLookupError) as exc:
-        name = os.path.basename(proc_pid_dir)
-        raise ContainerNotFound(f"{name}: the process has exited") from exc
-
-
-class RootDirs:
-    """Directories anywhere in a container's root, each opened by openat2 from the root fd
-    with `_RESOLVE` (symlinks resolve inside the root), `mkdir -p` one level at a time.
-    For placers of other files (hotmount/driver/place.py narrows it to the root's own
-    filesystem and runs every look in a bounded child); never for device nodes, which
-    `Openat2Fs` keeps to /dev and below it follows nothing."""
-
-    _RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
-
-    def __init__(self, proc_pid_dir: Path | str) -> None:
-        self.root_fd = _open_root(proc_pid_dir)
-        self._dirs: dict[str, int] = {}  # opened once per operation
-
-    def close(self) -> None:
-        for fd in self._dirs.values():
-            os.close(fd)
-        self._dirs = {}
-        os.close(self.root_fd)
-
-    def open_fds(self) -> list[int]:
-        """The directory fds kept open (for a child that must keep them)."""
-        return list(self._dirs.values())
-
-    def directory(self, path: str, create: bool) -> int | None:
-        """An O_PATH fd of a directory resolved inside the container (kept until `close`:
-        the caller must not close it); mkdir -p when asked."""
-        fd = self._dirs.get(path)
-        if fd is None:
-            fd = self._open_dir(path, create)
-            if fd is not None:
-                self._dirs[path] = fd
-        return fd
-
-    def _open_dir(self, path: str, create: bool) -> int | None:
-        flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-        try:
-            return openat2(self.root_fd, path, flags, self._RESOLVE)
-        except FileNotFoundError:
-            if not create:
-                return None
-            if path == "/":
-                raise UnsafePath("the container has no / directory") from None
-        except NotADirectoryError:
-            raise UnsafePath(f"{path} in the container is not a directory") from None
-        except OSError as exc:
-            raise self._error(path, exc) from exc
-        parent, name = _split(path)
-        parent_fd = self.directory(parent, create=True)
-        assert parent_fd is not None
-        with contextlib.suppress(FileExistsError):  # made meanwhile: the open checks it
-            os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
-        return self._open_dir(path, create=False)
-
-    def _error(self, path: str, exc: OSError) -> Exception:
-        if exc.errno in (errno.ESRCH, errno.ENOENT):
-            return ContainerNotFound(f"the container exited while {path} was opened")
-        return KernelError(f"opening {path} in the container: {exc.strerror}")
-
-
 class Openat2Fs:
     """Device nodes through openat2 from the container's root fd: no fork, a few µs a node.
 
     `/dev` is opened once, from the root (the runtime's mount, which an unprivileged
-    tenant cannot replace), and refused unless it is the root's own filesystem or a
-    local one; below it nothing is followed through a symlink nor into another mount."""
+    tenant cannot replace; a symlink there is refused), and refused unless it is the
+    root's own filesystem or a local one; below it nothing is followed through a
+    symlink nor into another mount. The process is pinned (`procfs.ProcessDir`): its
+    root and mount table are the container's, never a reused PID's."""
 
-    def __init__(self, proc_pid_dir: Path | str) -> None:
-        self._mountinfo = os.path.join(proc_pid_dir, "mountinfo")
-        self.root_fd = _open_root(proc_pid_dir)
+    def __init__(self, process: procfs.ProcessDir) -> None:
+        self._process = process
+        self.root_fd = process.open_root()
         self._dirs: dict[str, int] = {}  # /dev and below, opened once per operation
         self._dev_refused: UnsafePath | None = None
 
@@ -367,6 +265,7 @@ class Openat2Fs:
             os.close(fd)
         self._dirs = {}
         os.close(self.root_fd)
+        self._process.close()
 
     def _dir(self, path: str, create: bool) -> int | None:
         """An O_PATH fd of /dev or a directory below it (kept until `close`)."""
@@ -392,7 +291,7 @@ class Openat2Fs:
             raise self._dev_refused
         flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
         try:
-            fd = openat2(self.root_fd, "dev", flags, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+            fd = open_at(self.root_fd, "dev", flags, in_root=True, cross_mounts=_DEV_MOUNT)
         except FileNotFoundError:
             if not create:
                 return None
@@ -417,7 +316,7 @@ class Openat2Fs:
         host's devtmpfs) or on the root's own mount: a volume there (a pod may mount one
         at /dev) could hang whoever looks. Read from procfs alone."""
         own = mounts.mnt_id(f"/proc/self/fdinfo/{dev_fd}")
-        mount = mounts.mount_of(self._mountinfo, own)
+        mount = mounts.mount_of("mountinfo", own, self._process.fd)
         if mount is not None and mount.fstype in mounts.LOCAL_FILESYSTEMS:
             return None
         if own == mounts.mnt_id(f"/proc/self/fdinfo/{self.root_fd}"):
@@ -452,11 +351,11 @@ class Openat2Fs:
 class SetnsFs:
     """Fallback: each operation runs in a forked child inside the mount namespace (~1.6 ms)."""
 
-    def __init__(self, proc_pid_dir: Path) -> None:
+    def __init__(self, process: procfs.ProcessDir) -> None:
         try:
-            self.ns_fd = os.open(proc_pid_dir / "ns" / "mnt", os.O_RDONLY | os.O_CLOEXEC)
-        except (FileNotFoundError, ProcessLookupError) as exc:
-            raise ContainerNotFound(f"{proc_pid_dir.name}: the process has exited") from exc
+            self.ns_fd = process.open_namespace("mnt")
+        finally:
+            process.close()
 
     def close(self) -> None:
         os.close(self.ns_fd)
@@ -471,7 +370,7 @@ class SetnsFs:
         return bool(self._in_child("remove", node))
 
     def _in_child(self, op: str, node: DeviceNode) -> str | bool:
-        """One operation in a forked child (hotmount/forked.py: other fds closed, a
+        """One operation in a forked child (hotmount/tenantfs/forked.py: other fds closed, a
         deadline, a kill)."""
         reply = forked.run(
             lambda: _child(self.ns_fd, op, node),
@@ -518,14 +417,22 @@ def _child(ns_fd: int, op: str, node: DeviceNode) -> dict[str, str | bool]:  # p
 
 
 def _child_dir(open_: Opener, path: str, create: bool) -> int | None:  # pragma: no cover
-    """/dev as the namespace resolves it (this child is bounded), then each directory
+    """/dev as the namespace has it, but never a symlink there (this child is bounded;
+    a symlink would lead it elsewhere, as it would `Openat2Fs`), then each directory
     below it the way `Openat2Fs` takes them: no symlink, no other mount."""
     try:
-        fd = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         if not create:
             return None
         raise UnsafePath("the container has no /dev directory") from None
+    except OSError as exc:  # ENOTDIR, ELOOP: a symlink, or no directory
+        if exc.errno == errno.ENOTDIR:
+            exc = OSError(errno.ELOOP, os.strerror(errno.ELOOP), "/dev")
+        raise _below_error("/dev", exc) from exc
+    if stat.S_ISLNK(os.fstat(fd).st_mode):  # O_PATH|O_NOFOLLOW opens a link itself
+        os.close(fd)
+        raise _below_error("/dev", OSError(errno.ELOOP, os.strerror(errno.ELOOP), "/dev"))
     walked = "/dev"
     for name in path.removeprefix("/dev").split("/")[1:]:
         walked += "/" + name
@@ -537,8 +444,15 @@ def _child_dir(open_: Opener, path: str, create: bool) -> int | None:  # pragma:
     return fd
 
 
-def open_container_fs(proc_pid_dir: Path | str, method: str = "auto") -> ContainerFs:
-    """`auto` takes openat2 where the kernel has it; `openat2`/`setns` force one."""
-    if method == "setns" or (method == "auto" and not openat2_available()):
-        return SetnsFs(Path(proc_pid_dir))
-    return Openat2Fs(proc_pid_dir)
+def open_container_fs(proc: str | Path, container: Container, method: str = "auto") -> ContainerFs:
+    """The container's device nodes through its init, pinned and proven to be in the
+    container's cgroups (a PID reused since the container was resolved is refused).
+    `auto` takes openat2 where the kernel has it; `openat2`/`setns` force one."""
+    process = procfs.ProcessDir(proc, container.init_pid, container.owns)
+    try:
+        if method == "setns" or (method == "auto" and not openat2_available()):
+            return SetnsFs(process)
+        return Openat2Fs(process)
+    except BaseException:
+        process.close()
+        raise

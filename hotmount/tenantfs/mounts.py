@@ -3,9 +3,9 @@
 `/proc/PID/fdinfo/N` (its `mnt_id`) and `/proc/PID/mountinfo` are printed from the
 kernel's memory: reading them asks the file's own filesystem nothing, so they answer
 even where the filesystem would not (an NFS share whose server the tenant stopped, a
-FUSE server that never answers). Used by the scan for holders (hotmount/openfiles.py)
+FUSE server that never answers). Used by the scan for holders (hotmount/tenantfs/openfiles.py)
 and by device-node work, which refuses a container's /dev that is not local
-(hotmount/devnodes.py).
+(hotmount/tenantfs/devnodes.py).
 """
 
 from __future__ import annotations
@@ -37,14 +37,15 @@ def mnt_id(fdinfo: str, dir_fd: int | None = None) -> int | None:
     return None if at < 0 else int(text[at + 7 :].split(None, 1)[0])
 
 
-def mount_of(mountinfo: str, mnt_id: int | None) -> Mount | None:
-    """One mount of a mountinfo, read only as far as its line: the kernel prints the
-    lines as they are read, and a container's /dev comes third (its line costs a
-    quarter of the whole file's ~50 µs: this is on every node operation's path)."""
+def mount_of(mountinfo: str, mnt_id: int | None, dir_fd: int | None = None) -> Mount | None:
+    """One mount of a mountinfo (`mountinfo` in `dir_fd`, a pinned /proc/PID, where
+    given), read only as far as its line: the kernel prints the lines as they are read,
+    and a container's /dev comes third (its line costs a quarter of the whole file's
+    ~50 µs: this is on every node operation's path)."""
     if mnt_id is None:
         return None
     try:
-        fd = os.open(mountinfo, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(mountinfo, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
     key, text, at = b"\n%d " % mnt_id, b"\n", -1

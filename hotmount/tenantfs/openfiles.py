@@ -20,7 +20,7 @@ each fd is looked at in steps that touch no filesystem first:
    it are not classified (below), naming their files.
 
 Both passes run in killable children with a deadline, kept for the next scan
-(hotmount/workers.py: an unmount does not pay a fork): a tenant that swaps an fd
+(hotmount/tenantfs/workers.py: an unmount does not pay a fork): a tenant that swaps an fd
 between step 2 and the stat (a race) costs one failed scan, not the agent. That race
 is why even the scan of local files is not done in the agent's own process: the mount
 read from fdinfo is the fd's a moment before the stat follows it, and a stat that
@@ -52,9 +52,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hotmount import forked, workers
 from hotmount.errors import ChildTimeout
-from hotmount.mounts import LOCAL_FILESYSTEMS, MountTable, mnt_id
+from hotmount.tenantfs import forked, workers
+from hotmount.tenantfs.mounts import LOCAL_FILESYSTEMS, MountTable, mnt_id
+from hotmount.tenantfs.procfs import OpenFds, fd_table_size
 
 BUDGET_SHARE = 0.5  # of the deadline: a pass stops looking then and answers what it knows
 PATHS_PER_PID = 4  # distinct paths named per holder (it is a holder from the first)
@@ -226,13 +227,13 @@ def _scan_one(
     tables: dict[str, MountTable],
 ) -> str:  # pragma: no cover - runs in a child
     """Look at one process's fds: "done", or why not all: "time", "remote"."""
-    base = os.path.join(proc, str(pid))
+    fds = OpenFds(proc, pid)
     try:
-        ns = os.readlink(os.path.join(base, "ns", "mnt"))
+        ns = fds.mount_namespace()
         mounts = tables.get(ns)
         if mounts is None:
-            mounts = tables[ns] = MountTable(os.path.join(base, "mountinfo"))
-        entries = os.scandir(os.path.join(base, "fd"))  # streamed: no list of every fd
+            mounts = tables[ns] = MountTable(fds.mountinfo())
+        entries = fds.names()  # streamed: no list of every fd
     except OSError:
         return "done"  # exited, or a kernel thread
     mark = len(remote.fds)
@@ -241,12 +242,11 @@ def _scan_one(
             if time.monotonic() >= stop_at:
                 return "time"
             name = entry.name
-            fd_path = os.path.join(base, "fd", name)
             try:
-                target = os.readlink(fd_path)
+                target = fds.target(name)
                 if not target.startswith("/"):
                     continue  # pipe:[..], socket:[..], anon_inode:..: no device node
-                mount_id = mnt_id(os.path.join(base, "fdinfo", name))
+                mount_id = mnt_id(fds.fdinfo(name))
             except OSError:
                 continue  # closed meanwhile
             mount = mounts.get(mount_id)
@@ -261,7 +261,7 @@ def _scan_one(
                     fstype = mount.fstype if mount else "unknown"
                     remote.shown[pid] = (target[:MAX_PATH], fstype)
                 continue
-            if _holds(fd_path, numbers) and found.add(pid, target):
+            if _holds(fds, name, numbers) and found.add(pid, target):
                 del remote.fds[mark:]  # a holder already: nothing more to learn
                 return "done"
     return "done"
@@ -276,19 +276,19 @@ def _stat_remote(
         if time.monotonic() >= stop_at:
             late = {p for p, _ in fds[i:]} - set(found.holders)
             return found.named, sorted(found.holders), sorted(late)
-        fd_path = os.path.join(proc, str(pid), "fd", str(fd))
-        if _holds(fd_path, numbers):
+        fds = OpenFds(proc, pid)
+        if _holds(fds, fd, numbers):
             try:
-                target = os.readlink(fd_path)
+                target = fds.target(fd)
             except OSError:
-                target = fd_path
+                target = f"fd {fd}"
             found.add(pid, target)
     return found.named, sorted(found.holders), []
 
 
-def _holds(fd_path: str, numbers: set[tuple[int, int]]) -> bool:  # pragma: no cover - in a child
+def _holds(fds: OpenFds, fd: int | str, numbers: set[tuple[int, int]]) -> bool:  # pragma: no cover
     try:
-        st = os.stat(fd_path)  # follows the magic link to the open file
+        st = fds.follow(fd)  # follows the magic link to the open file: in a child only
     except OSError:
         return False
     if not stat.S_ISCHR(st.st_mode):
@@ -297,14 +297,7 @@ def _holds(fd_path: str, numbers: set[tuple[int, int]]) -> bool:  # pragma: no c
 
 
 def _fd_table_size(proc: Path, pid: int) -> int:  # pragma: no cover - runs in a child
-    """`FDSize` of /proc/PID/status: the process's fd table (0 where it cannot be read)."""
-    try:
-        with open(os.path.join(proc, str(pid), "status"), "rb") as status:
-            text = status.read()
-    except OSError:
-        return 0
-    at = text.find(b"FDSize:")
-    return int(text[at + 7 :].split(None, 1)[0]) if at >= 0 else 0
+    return fd_table_size(proc, pid)
 
 
 def _out_of_time(proc: Path, pids: list[int], budget: float) -> str:  # pragma: no cover

@@ -21,7 +21,6 @@ import functools
 import os
 import pickle
 import select
-import signal
 import struct
 import threading
 import time
@@ -31,6 +30,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from hotmount.errors import ChildTimeout, HotmountError, KernelError
+from hotmount.tenantfs import signals
 
 T = TypeVar("T")
 
@@ -182,8 +182,8 @@ def decode_reply(data: bytes, what: str) -> T:  # type: ignore[type-var]
 
 
 def kill(pidfd: int, pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    """SIGKILL our own child through its pidfd (hotmount/tenantfs/signals.py), and reap it."""
+    signals.kill(pidfd)
     ready, _, _ = select.select([pidfd], [], [], _REAP_SECONDS)
     if ready:
         reap(pid)
