@@ -425,7 +425,7 @@ class Authorizer:
         assert self.kube is not None
         extra = tuple(sorted((k, tuple(v)) for k, v in user.extra.items()))
         key = (user.username, tuple(user.groups), user.uid, extra, *asked)
-        decision = self._decisions.get(key)
+        decision: tuple[bool, str] | None = self._decisions.get(key)
         if decision is None:
             decision = review(self.kube)
             self._decisions.put(key, decision)

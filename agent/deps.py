@@ -7,6 +7,7 @@ thread hop per dependency per request costs more than the work. None of them blo
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Annotated, Any
 
 import anyio.to_thread
@@ -26,7 +27,7 @@ def caller_context(request: Request) -> CallerContext:
     headers: dict[str, list[str]] = {}
     for name, value in request.headers.items():
         headers.setdefault(name.lower(), []).append(value)
-    scope: dict[str, Any] = request.scope
+    scope: MutableMapping[str, Any] = request.scope
     return CallerContext(
         headers=headers,
         listener=scope.get(LISTENER_KEY, "tcp"),
@@ -49,27 +50,33 @@ async def request_identity(request: Request) -> Identity:
 
 
 async def _mounting(request: Request) -> mounting.Mounting:
-    return request.app.state.node.mounting
+    use_case: mounting.Mounting = request.app.state.node.mounting
+    return use_case
 
 
 async def _suspending(request: Request) -> suspending.Suspending:
-    return request.app.state.node.suspending
+    use_case: suspending.Suspending = request.app.state.node.suspending
+    return use_case
 
 
 async def _moves(request: Request) -> moves.Moves:
-    return request.app.state.node.moves
+    use_case: moves.Moves = request.app.state.node.moves
+    return use_case
 
 
 async def _listing(request: Request) -> listing.Listing:
-    return request.app.state.node.listing
+    use_case: listing.Listing = request.app.state.node.listing
+    return use_case
 
 
 async def _authorizer(request: Request) -> Authorizer:
-    return request.app.state.authorizer
+    authorizer: Authorizer = request.app.state.authorizer
+    return authorizer
 
 
 async def _gateway(request: Request) -> Gateway | None:
-    return request.app.state.gateway
+    gateway: Gateway | None = request.app.state.gateway
+    return gateway
 
 
 Caller = Annotated[Identity, Depends(request_identity)]

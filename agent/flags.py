@@ -38,8 +38,9 @@ def _bare(annotation: Any) -> Any:
 
 def _metavar(name: str, info: FieldInfo, kind: Any) -> str:
     extra = info.json_schema_extra
-    if isinstance(extra, dict) and isinstance(extra.get("metavar"), str):
-        return extra["metavar"]
+    metavar = extra.get("metavar") if isinstance(extra, dict) else None
+    if isinstance(metavar, str):
+        return metavar
     if kind is float:
         return "SECONDS"
     if kind is int:
@@ -102,7 +103,8 @@ def build_parser(model: type[BaseModel], prog: str) -> argparse.ArgumentParser:
             dest=name,
             metavar=_metavar(name, info, kind),
             action="append" if repeatable else "store",
-            type=Path if kind is Path else None,
+            # None is argparse's own default (no conversion); typeshed leaves it out.
+            type=Path if kind is Path else None,  # type: ignore[arg-type]
             help=_help(info, repeatable),
         )
     return parser

@@ -338,7 +338,13 @@ class Gateway:
         log.info("forwarding %s %s for %s to %s", method, path, caller.name, agent.node_name)
         try:
             return self._http.request(
-                method, url, params=params, json=body, headers=headers, extensions=self._sni()
+                method,
+                url,
+                # A tuple: httpx reads it as the list, and its types take no list[tuple[str, str]].
+                params=None if params is None else tuple(params),
+                json=body,
+                headers=headers,
+                extensions=self._sni(),
             )
         except httpx.HTTPError as exc:
             raise UpstreamError(f"forwarding to the agent on {agent.node_name}: {exc}") from exc

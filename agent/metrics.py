@@ -99,8 +99,8 @@ class _MountCollector(Collector):
                 warned.add_metric(
                     [*labels, sample.namespace, sample.pod, sample.container], sample.reclaim_in
                 )
-        for key, value in per_pod.items():
-            utilization.add_metric(list(key), value)
+        for pod_key, value in per_pod.items():
+            utilization.add_metric(list(pod_key), value)
         yield utilization
         yield warned
 

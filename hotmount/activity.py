@@ -108,7 +108,7 @@ class ActivitySampler:
             self._why_not = f"NVML does not load: {exc}"
             return None
         self._nvml = pynvml
-        return pynvml
+        return self._nvml
 
     def _look(self, uuid: str) -> GpuActivity:
         import pynvml

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from hotmount import claims, liveness, plan
 from hotmount.cgroups.detect import CgroupLayout, detect
@@ -159,7 +160,7 @@ class Engine:
         driver's files too (hotmount/driver/); None takes the engine's `inject_driver`.
         """
         if netdev is not None:
-            options = {"force": force, "metadata": metadata, "group": group}
+            options: dict[str, Any] = {"force": force, "metadata": metadata, "group": group}
             options |= {"device_metadata": device_metadata}
             options |= {"share_with": share_with, "with_rdma": with_rdma, "rdma": rdma}
             options |= {"with_driver": with_driver}

@@ -29,8 +29,8 @@ def container_status(
     v2_grants: frozenset[DeviceRule] | None = None
     if container is not None and v2 is not None:
         with contextlib.suppress(ContainerNotFound):
-            state = v2.state()
-            v2_grants = state.grants if state.restricted else None
+            v2_state = v2.state()
+            v2_grants = v2_state.grants if v2_state.restricted else None
     node_status: dict[str, NodeStatus] = {}
     fs_cm = fs_of(container) if container is not None else contextlib.nullcontext()
     with fs_cm as fs:

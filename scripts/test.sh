@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what it needs, lints, checks the layering, runs every test.
+# The whole test suite: installs what it needs, lints, checks the layering and the types
+# (mypy, strict on hotmount and agent), runs every test.
 # As root (CI) the kernel tests run on real runc containers; with CI set they may not skip.
 #
 #   scripts/test.sh              the whole suite, in lanes (below), with a time report
@@ -31,6 +32,7 @@ if [ $# -gt 0 ]; then
   .venv/bin/ruff check .
   .venv/bin/ruff format --check .
   .venv/bin/lint-imports
+  .venv/bin/mypy
   exec .venv/bin/pytest -p no:cacheprovider "$@"
 fi
 
@@ -44,6 +46,7 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports
+.venv/bin/mypy
 setup_seconds=$((SECONDS - started))
 
 status=0

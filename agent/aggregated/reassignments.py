@@ -40,12 +40,12 @@ class LocalPodRef(PodRef):
 
 
 class LocalReassignRequest(ReassignRequest):
-    from_: LocalPodRef = Field(alias="from")  # type: ignore[assignment]
-    to: LocalPodRef  # type: ignore[assignment]
+    from_: LocalPodRef = Field(alias="from")
+    to: LocalPodRef
 
 
 class NamespacedReassignmentBody(ReassignmentBody):
-    spec: LocalReassignRequest  # type: ignore[assignment]
+    spec: LocalReassignRequest
 
     def within(self, namespace: str) -> ReassignRequest:
         """The move, both pods in `namespace`; a pod elsewhere is a 400 that says where to go."""

@@ -72,9 +72,13 @@ class UserInfo:
 
 
 def _pod_info(pod: client.V1Pod) -> PodInfo:
-    statuses = {s.name: s for s in (pod.status.container_statuses or [])}
+    # The API server fills these in every pod it returns; the client's models type all optional.
+    meta, pod_spec, pod_status = pod.metadata, pod.spec, pod.status
+    assert meta is not None and pod_spec is not None and pod_status is not None
+    assert meta.namespace is not None and meta.name is not None and meta.uid is not None
+    statuses = {s.name: s for s in (pod_status.container_statuses or [])}
     containers = []
-    for spec in pod.spec.containers:
+    for spec in pod_spec.containers:
         status = statuses.get(spec.name)
         raw_id = status.container_id if status else None
         for prefix in _RUNTIME_PREFIXES:
@@ -83,25 +87,25 @@ def _pod_info(pod: client.V1Pod) -> PodInfo:
         running = bool(status and status.state and status.state.running)
         containers.append(ContainerInfo(spec.name, raw_id, running))
     message = None
-    for condition in pod.status.conditions or []:
+    for condition in pod_status.conditions or []:
         if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
             message = condition.message
     ports = {
-        p.name: p.container_port for c in pod.spec.containers for p in (c.ports or []) if p.name
+        p.name: p.container_port for c in pod_spec.containers for p in (c.ports or []) if p.name
     }
     return PodInfo(
-        namespace=pod.metadata.namespace,
-        name=pod.metadata.name,
-        uid=pod.metadata.uid,
-        node_name=pod.spec.node_name,
-        phase=pod.status.phase or "Unknown",
+        namespace=meta.namespace,
+        name=meta.name,
+        uid=meta.uid,
+        node_name=pod_spec.node_name,
+        phase=pod_status.phase or "Unknown",
         containers=containers,
-        labels=pod.metadata.labels or {},
-        pod_ip=pod.status.pod_ip,
+        labels=meta.labels or {},
+        pod_ip=pod_status.pod_ip,
         unschedulable_message=message,
         ports=ports,
-        annotations=pod.metadata.annotations or {},
-        priority_class_name=pod.spec.priority_class_name,
+        annotations=meta.annotations or {},
+        priority_class_name=pod_spec.priority_class_name,
     )
 
 
@@ -187,7 +191,9 @@ class KubeClient:
 
     def create_pod(self, namespace: str, manifest: dict[str, Any]) -> PodInfo:
         try:
-            return _pod_info(self.core.create_namespaced_pod(namespace, manifest))
+            # The client serializes a dict body as it is; its types name only the model.
+            created = self.core.create_namespaced_pod(namespace, manifest)  # type: ignore[arg-type]
+            return _pod_info(created)
         except ApiException as exc:
             raise api_error(exc, f"creating pod in {namespace}", namespace) from exc
 
@@ -240,15 +246,7 @@ class KubeClient:
             pods = self.core.list_pod_for_all_namespaces(label_selector=selector)
         except ApiException as exc:
             raise _upstream(exc, "listing holder pods") from exc
-        return [
-            HolderPod(
-                namespace=p.metadata.namespace,
-                name=p.metadata.name,
-                labels=p.metadata.labels or {},
-                node=p.spec.node_name or _pinned_node(p.spec),
-            )
-            for p in pods.items
-        ]
+        return [_holder_pod(p) for p in pods.items]
 
     def agent_pods(self, namespace: str, selector: str) -> list[PodInfo]:
         try:
@@ -317,6 +315,8 @@ class KubeClient:
         if not status or not status.authenticated or not status.user:
             return None
         user = status.user
+        if user.username is None:  # never so when authenticated; the client types it optional
+            return None
         return UserInfo(
             user.username, list(user.groups or []), user.uid or "", dict(user.extra or {})
         )
@@ -354,13 +354,28 @@ class KubeClient:
             result = self.authz.create_subject_access_review(review)
         except ApiException as exc:
             raise _upstream(exc, "SubjectAccessReview") from exc
-        return bool(result.status.allowed), result.status.reason or ""
+        status = result.status
+        assert status is not None  # the API server always answers a review with its status
+        return bool(status.allowed), status.reason or ""
 
     def ping(self) -> None:
         try:
             client.VersionApi(self.api).get_code(_request_timeout=3)
         except Exception as exc:  # any failure means "not reachable"
             raise UpstreamError(f"the API server is unreachable: {exc}") from exc
+
+
+def _holder_pod(pod: client.V1Pod) -> HolderPod:
+    meta, spec = pod.metadata, pod.spec
+    # As in _pod_info: always there in what the API server returns.
+    assert meta is not None and spec is not None
+    assert meta.namespace is not None and meta.name is not None
+    return HolderPod(
+        namespace=meta.namespace,
+        name=meta.name,
+        labels=meta.labels or {},
+        node=spec.node_name or _pinned_node(spec),
+    )
 
 
 def _pinned_node(spec: client.V1PodSpec) -> str | None:

@@ -28,7 +28,9 @@ class ResourceApi:
 
     def create_claim(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
         try:
-            return self._json(self.resource.create_namespaced_resource_claim(namespace, manifest))
+            # The client serializes a dict body as it is; its types name only the model.
+            created = self.resource.create_namespaced_resource_claim(namespace, manifest)  # type: ignore[arg-type]
+            return self._json(created)
         except ApiException as exc:
             raise api_error(exc, f"creating resourceclaim in {namespace}", namespace) from exc
 

@@ -181,8 +181,8 @@ class IdleReclaim:
                 suspending.setdefault(look.record.key, []).append(look)
             elif self._reclaim(look):
                 taken.append(look.entry.key)
-        for looks in suspending.values():
-            suspend_idle(self, looks)  # started beside the pass: not counted in `taken`
+        for group in suspending.values():
+            suspend_idle(self, group)  # started beside the pass: not counted in `taken`
         state.save(self._idle)
         return taken
 

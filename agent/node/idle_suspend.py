@@ -103,7 +103,7 @@ def _suspend(reclaim: IdleReclaim, looks: Sequence[_Look]) -> None:
         reclaim.metrics.reclaimed.inc()
     first = looks[0]
     timeout = idle.timeout_of(first.entry.metadata) or 0
-    moved = sum(int(p["gpuBytes"]) for p in done.processes)
+    moved = sum(p["gpuBytes"] or 0 for p in done.processes)
     labels = ", ".join(reclaim._device_text(key) for key in done.devices)
     container = first.entry.metadata.get("container") or ref
     message = (

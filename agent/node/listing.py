@@ -86,7 +86,8 @@ class Listing:
 
     def _idle_seconds(self) -> dict[str, int]:
         """Each hot-mounted device's idle time (the least, when several containers share it)."""
-        now, found = time.time(), {}
+        now = time.time()
+        found: dict[str, int] = {}
         for record in self.engine.ledger.records():
             for entry in record.devices.values():
                 seconds = self.idle_reclaim.idle_for(record.key, entry, now)

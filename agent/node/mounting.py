@@ -204,8 +204,8 @@ class Mounting:
                     log.error("rollback from %s failed: %s", container.name, exc.message)
             raise
         results = [(c, mount_result(r, info, c)) for c, r in done]
-        for _, result in results:
-            for mounted in result.mounted:
+        for _, converted in results:
+            for mounted in converted.mounted:
                 mounted.shared_with = pod_of(share)
         return results
 

@@ -190,7 +190,7 @@ class Suspending:
         held = set(self.engine.holders())
         taken = (self._allocated_elsewhere(target) | held) & chosen
         if not taken and len(chosen) == 1:
-            taken = chosen
+            taken = frozenset(chosen)
         return frozenset(taken - unavailable)
 
     def progress(

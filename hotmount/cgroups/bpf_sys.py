@@ -369,7 +369,8 @@ def _get_info(fd: int, info: ctypes.Structure) -> None:
 
 
 def _all_ids(cmd: int) -> list[int]:
-    ids, current = [], 0
+    ids: list[int] = []
+    current = 0
     while True:
         attr = IdAttr(id=current)
         try:

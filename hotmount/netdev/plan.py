@@ -137,7 +137,11 @@ class NodeTraffic:
         return {ipaddress.ip_interface(text).ip for _, text in self.addresses}
 
 
-def _within(network: ipaddress.IPv4Network | ipaddress.IPv6Network, nets: tuple) -> bool:
+def _within(
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network,
+    nets: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...],
+) -> bool:
+    # typeshed's subnet_of takes only its own family; the version check makes them one.
     return any(
         network.version == net.version and network.subnet_of(net)  # type: ignore[arg-type]
         for net in nets

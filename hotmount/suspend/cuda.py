@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import uuid as uuidlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from hotmount.driver.files import library_dirs
 from hotmount.errors import KernelError
@@ -33,6 +35,9 @@ _ERRORS = {
     909: "CUDA_ERROR_TIMEOUT",
     999: "CUDA_ERROR_UNKNOWN",
 }
+
+
+_T = TypeVar("_T")
 
 
 class CudaError(KernelError):
@@ -120,15 +125,17 @@ class CheckpointApi:
     def unlock(self, pid: int) -> None:
         self._run(f"unlocking PID {pid}", lambda lib: _plain(lib, "Unlock", pid), 60.0)
 
-    def _run(self, what: str, call: object, deadline: float | None = None) -> object:
+    def _run(
+        self, what: str, call: Callable[[ctypes.CDLL], _T], deadline: float | None = None
+    ) -> _T:
         path = str(self.library)
 
-        def work() -> object:  # pragma: no cover - runs in a child
+        def work() -> _T:  # pragma: no cover - runs in a child
             try:
                 lib = ctypes.CDLL(path)
             except OSError as exc:
                 raise KernelError(f"loading the node's {path}: {exc}") from exc
-            return call(lib)  # type: ignore[operator]
+            return call(lib)
 
         return forked.run(work, what, deadline=deadline or self.deadline)
 

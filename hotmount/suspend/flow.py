@@ -282,7 +282,10 @@ class Suspender:
             api, chosen, moves = self._decide(container, record, onto, unavailable)
             assert record is not None
             processes = record.suspended_processes
-            found = {"processes": len(processes), "gpuBytes": sum(p.gpu_bytes for p in processes)}
+            found: dict[str, object] = {
+                "processes": len(processes),
+                "gpuBytes": sum(p.gpu_bytes for p in processes),
+            }
             progress("found", found)
             step = Suspension(
                 op="resume",

@@ -44,7 +44,7 @@ import stat
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from hotmount.devices.model import DeviceNode
 from hotmount.errors import ContainerNotFound, KernelError, UnsafePath
@@ -361,7 +361,7 @@ class SetnsFs:
         os.close(self.ns_fd)
 
     def state(self, node: DeviceNode) -> NodeState:
-        return NodeState(self._in_child("state", node))
+        return NodeState(str(self._in_child("state", node)))
 
     def ensure(self, node: DeviceNode) -> bool:
         return bool(self._in_child("ensure", node))
@@ -383,7 +383,15 @@ class SetnsFs:
         return reply["result"]
 
 
-def _child(ns_fd: int, op: str, node: DeviceNode) -> dict[str, str | bool]:  # pragma: no cover
+class _Reply(TypedDict, total=False):
+    """What the child sends back: a result, or an error's class name and message."""
+
+    result: str | bool
+    error: str
+    message: str
+
+
+def _child(ns_fd: int, op: str, node: DeviceNode) -> _Reply:  # pragma: no cover
     try:
         # Our own fdinfo, opened before setns: the container's /proc is of another PID
         # namespace, where this process has no entry (nor /proc/self/fd to chmod through:
@@ -408,7 +416,7 @@ def _child(ns_fd: int, op: str, node: DeviceNode) -> dict[str, str | bool]:  # p
             result = _make_node(open_, dirfd, name, node)
         else:
             result = _remove_node(open_, dirfd, name, node)
-        reply: dict[str, str | bool] = {"result": result}
+        reply: _Reply = {"result": result}
     except (UnsafePath, KernelError, ContainerNotFound) as exc:
         reply = {"error": type(exc).__name__, "message": exc.message}
     except OSError as exc:

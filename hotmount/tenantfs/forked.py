@@ -155,7 +155,7 @@ def write_all(fd: int, data: bytes) -> None:
 def _read_until(fd: int, deadline: float) -> bytes | None:
     """Everything up to EOF, or None at the deadline. The child alone holds the write end
     (it closed every other fd), so EOF comes when it exits or writes its answer."""
-    chunks = []
+    chunks: list[bytes] = []
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     while True:

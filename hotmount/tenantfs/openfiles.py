@@ -276,10 +276,10 @@ def _stat_remote(
         if time.monotonic() >= stop_at:
             late = {p for p, _ in fds[i:]} - set(found.holders)
             return found.named, sorted(found.holders), sorted(late)
-        fds = OpenFds(proc, pid)
-        if _holds(fds, fd, numbers):
+        opened = OpenFds(proc, pid)
+        if _holds(opened, fd, numbers):
             try:
-                target = fds.target(fd)
+                target = opened.target(fd)
             except OSError:
                 target = f"fd {fd}"
             found.add(pid, target)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import select
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from hotmount.errors import ContainerNotFound
@@ -104,8 +104,9 @@ class OpenFds:
     def mountinfo(self) -> str:
         return self.base + "mountinfo"
 
-    def names(self) -> Iterator[os.DirEntry[str]]:
-        """Streamed: no list of every fd (a tenant may hold hundreds of thousands)."""
+    def names(self) -> os._ScandirIterator[str]:  # typeshed's name for scandir's iterator
+        """Streamed: no list of every fd (a tenant may hold hundreds of thousands); close
+        it (`with`) when done."""
         return os.scandir(self.base + "fd")
 
     def target(self, fd: int | str) -> str:
