@@ -23,9 +23,7 @@ from agent.node.holders import HOLDER_LABEL, HolderPods
 from agent.node.kubelet import KubeletBooks, KubeletHold
 from agent.node.locks import ContainerLocks
 from agent.node.results import unclassified_text
-from hotmount import engine as eng
-from hotmount.errors import HotmountError
-from hotmount.ledger import ContainerRecord, DeviceRecord
+from hotmount.api import ContainerRecord, DeviceRecord, Engine, HotmountError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +51,7 @@ class DoubleBooking:
 @dataclass(frozen=True)
 class DoubleBookings:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     metrics: Metrics
     locks: ContainerLocks

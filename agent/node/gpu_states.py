@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 from agent.node.kubelet import KubeletBooks
 from agent.node.pins import pin_of
-from hotmount import engine as eng
-from hotmount.devices.model import DeviceKind
+from hotmount.api import DeviceKind, Engine
 
 # One state per GPU, the first that applies. `pinned`: hot-mounted and kept in the
 # scheduler's books by a pin; `allocated`: the kubelet gave it to a pod, not hot-mounted.
@@ -18,7 +17,7 @@ GPU_STATES = ("pinned", "hot_mounted", "allocated", "free")
 
 @dataclass(frozen=True)
 class GpuStates:
-    engine: eng.Engine
+    engine: Engine
     kubelet: KubeletBooks
 
     def counts(self) -> dict[str, int]:

@@ -26,9 +26,7 @@ from agent.kube.dra import ResourceApi
 from agent.node.locks import ContainerLocks
 from agent.node.remounts import named_holders
 from agent.node.results import require_kube, unclassified_text
-from hotmount import engine as eng
-from hotmount.errors import HotmountError
-from hotmount.ledger import ContainerRecord
+from hotmount.api import ContainerRecord, Engine, HotmountError
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +162,7 @@ class Holder:
 @dataclass(frozen=True)
 class HolderPods:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     locks: ContainerLocks
     resources: ResourceApi | None = None  # DRA: a pin's ResourceClaim goes with it

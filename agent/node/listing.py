@@ -25,10 +25,7 @@ from agent.schemas import (
     MountedDevice,
     PodDevices,
 )
-from hotmount import engine as eng
-from hotmount.claims import Claim
-from hotmount.devices.model import DeviceKind
-from hotmount.ledger import DeviceRecord, SuspendedGpu
+from hotmount.api import Claim, DeviceKind, DeviceRecord, Engine, SuspendedGpu
 
 # The kinds a scheduler's books can hold (an RDMA NIC is outside "Accounting" for now).
 BOOKED_KINDS = (DeviceKind.GPU, DeviceKind.MIG, DeviceKind.CDI)
@@ -37,7 +34,7 @@ BOOKED_KINDS = (DeviceKind.GPU, DeviceKind.MIG, DeviceKind.CDI)
 @dataclass(frozen=True)
 class Listing:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     targets: Targets
     kubelet: KubeletBooks

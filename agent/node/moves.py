@@ -16,10 +16,7 @@ from agent.node.pins import pin_of
 from agent.node.results import device_label, measure, record_event, require_kube
 from agent.node.targets import Targets
 from agent.schemas import MountRequest, ReassignRequest, ReassignResult
-from hotmount import engine as eng
-from hotmount.devices.model import Device
-from hotmount.errors import HotmountError
-from hotmount.ledger import DeviceRecord
+from hotmount.api import Device, DeviceRecord, Engine, HotmountError
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +40,7 @@ class PinnedInNamespace(ApiError):
 
 @dataclass(frozen=True)
 class Moves:
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     metrics: Metrics
     locks: ContainerLocks

@@ -25,16 +25,14 @@ from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
 from agent.node.locks import ContainerLocks
 from agent.node.remounts import Remounts, named_holders
-from hotmount import engine as eng
-from hotmount.ledger import ContainerRecord
-from hotmount.results import ReconcileReport
+from hotmount.api import ContainerRecord, Engine, ReconcileReport
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ReconcilePass:
-    engine: eng.Engine
+    engine: Engine
     metrics: Metrics
     holders: HolderPods
     double_bookings: DoubleBookings
