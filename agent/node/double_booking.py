@@ -99,7 +99,7 @@ class DoubleBookings:
         sharing = {(h.allocation.resource_name, h.pod) for h in holds if h.shared}
         pods: dict[tuple[str, str], PodInfo | None] = {}
         found = []
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             for entry in record.devices.values():
                 meta = entry.metadata
                 namespace, pod = meta.get("namespace"), meta.get("pod")
@@ -182,7 +182,7 @@ class DoubleBookings:
                 if not free:  # a suspension (or another call) runs: the next pass
                     log.debug("double-booked %s in %s: the container is busy", entry.key, ref)
                     return
-                now = self.engine.ledger.load(record.key)
+                now = self.engine.mounts.record(record.key)
                 current = now.devices.get(entry.key) if now else None
                 if current is None or current.mounted_at != entry.mounted_at:
                     return  # unmounted (or mounted anew) meanwhile

@@ -24,10 +24,10 @@ class GpuStates:
         """Each state's number of whole GPUs (a GPU whose MIG instance is hot-mounted
         counts as hot-mounted: the footprints overlap)."""
         inventory = self.engine.inventory
-        claims = self.engine.ledger.claims()
+        claims = self.engine.mounts.claims()
         pinned = {
             (record.key, entry.key)
-            for record in self.engine.ledger.records()
+            for record in self.engine.mounts.records()
             for entry in record.devices.values()
             if pin_of(entry.metadata)
         }

@@ -138,7 +138,7 @@ class IdleReclaim:
         """
         state = self._state()
         mounts = []
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             entries = [d for d in record.devices.values() if self.is_gpu(d)]
             if not entries:
                 continue
@@ -316,7 +316,7 @@ class IdleReclaim:
                 if not free:  # a suspension (or another call) runs: due again next pass
                     log.debug("reclaim of %s from %s: the container is busy", entry.key, ref)
                     return False
-                now = self.engine.ledger.load(record.key)
+                now = self.engine.mounts.record(record.key)
                 current = now.devices.get(entry.key) if now else None
                 if current is None or current.mounted_at != entry.mounted_at:
                     return False  # unmounted (or mounted anew) meanwhile

@@ -79,7 +79,7 @@ def suspend_idle(reclaim: IdleReclaim, looks: Sequence[Look]) -> bool:
             return False
         if _changed(reclaim, looks):
             return False  # unmounted (or mounted anew) meanwhile
-        now = reclaim.engine.ledger.load(record.key)
+        now = reclaim.engine.mounts.record(record.key)
         assert now is not None
         gpus = [key for key, entry in now.devices.items() if reclaim.is_gpu(entry)]
         staying = [key for key in gpus if key not in {look.entry.key for look in looks}]
@@ -98,7 +98,7 @@ def suspend_idle(reclaim: IdleReclaim, looks: Sequence[Look]) -> bool:
 
 def _changed(reclaim: IdleReclaim, looks: Sequence[Look]) -> bool:
     """Whether a due mount was unmounted (or mounted anew) since the pass looked."""
-    now = reclaim.engine.ledger.load(looks[0].record.key)
+    now = reclaim.engine.mounts.record(looks[0].record.key)
     return now is None or any(
         (current := now.devices.get(look.entry.key)) is None
         or current.mounted_at != look.entry.mounted_at

@@ -198,7 +198,7 @@ class KubeletBooks:
         holds = [h for h in holds if not h.shared]
         if not holds:
             return
-        held = [*self.engine.ledger.claims(), *(h.claim() for h in holds)]
+        held = [*self.engine.mounts.claims(), *(h.claim() for h in holds)]
         for device in devices:
             new = Claim("", device.key, group, self.engine.inventory.footprint(device))
             for blocker in blocking_claims(new, held, share):

@@ -84,7 +84,7 @@ class Listing:
     def _idle_seconds(self) -> dict[str, int]:
         """Each hot-mounted device's idle time (the least, when several containers share it)."""
         now, found = time.time(), {}
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             for entry in record.devices.values():
                 seconds = self.idle_reclaim.idle_for(record.key, entry, now)
                 if seconds is not None and self.idle_reclaim.is_gpu(entry):
@@ -96,7 +96,7 @@ class Listing:
         again as a holder of the kubelet's."""
         return {
             (entry.metadata.get("namespace", ""), pin)
-            for record in self.engine.ledger.records()
+            for record in self.engine.mounts.records()
             for entry in record.devices.values()
             if (pin := pin_of(entry.metadata))
         }
@@ -105,7 +105,7 @@ class Listing:
         """(container key, device key) to the pin its ledger entry names."""
         return {
             (record.key, entry.key): pin
-            for record in self.engine.ledger.records()
+            for record in self.engine.mounts.records()
             for entry in record.devices.values()
             if (pin := pin_of(entry.metadata))
         }
@@ -121,7 +121,7 @@ class Listing:
         containers = []
         hot: dict[str, list[Claim]] | None = None
         kubelet: list[KubeletHold] | None = None
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             # By UID too: a pod deleted and made again under its name is another pod, and
             # its predecessor's records stay until the next reconcile drops them.
             def ours(d: DeviceRecord) -> bool:
@@ -172,7 +172,7 @@ class Listing:
         GPUs are all suspended has no device mounted, and is still listed (as suspended)."""
         return {
             (meta["namespace"], meta["pod"])
-            for r in self.engine.ledger.records()
+            for r in self.engine.mounts.records()
             for meta in (
                 *(d.metadata for d in r.devices.values()),
                 *(s.device.metadata for s in r.suspended.values()),
@@ -197,7 +197,7 @@ class Listing:
 
     def container_devices(self, container_id: str) -> PodDevices:
         container = self.engine.resolve(container_id)
-        record = self.engine.ledger.load(container.key)
+        record = self.engine.mounts.record(container.key)
         devices = list(record.devices.values()) if record else []
         return PodDevices(
             containers=[
@@ -257,7 +257,7 @@ class Listing:
         """Every hot-mounted GPU, for the per-mount gauges (read at scrape time)."""
         now = time.time()
         samples = []
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             for entry in record.devices.values():
                 if not self.idle_reclaim.is_gpu(entry):
                     continue

@@ -335,7 +335,7 @@ class Mounting:
     def _mounted(self, container_id: str) -> tuple[list[str], list[str]]:
         """The GPUs hot-mounted into a container: by name, and by count (oldest first).
         RDMA devices are left out: they come and go with their GPUs."""
-        record = self.engine.ledger.load(container_id)
+        record = self.engine.mounts.record(container_id)
         devices = sorted(record.devices.values(), key=lambda d: d.mounted_at) if record else []
         gpus = [d for d in devices if d.kind != str(DeviceKind.RDMA)]
         by_count = [d.key for d in gpus if d.metadata.get("holder") and not pin_of(d.metadata)]

@@ -166,7 +166,7 @@ class Pins:
         a hot-mount of the same GPU: the caller learns who has it, not just "pinned"."""
         group = f"{target.namespace}/{target.name}"
         new = Claim("", device.key, group, self.engine.inventory.footprint(device))
-        blockers = blocking_claims(new, self.engine.ledger.claims(), share)
+        blockers = blocking_claims(new, self.engine.mounts.claims(), share)
         if blockers:
             raise claimed_error(device, blockers)
 

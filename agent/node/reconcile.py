@@ -44,7 +44,7 @@ class ReconcilePass:
     background: Background
 
     def reconcile(self) -> ReconcileReport:
-        records = {r.key: r for r in self.engine.ledger.records()}
+        records = {r.key: r for r in self.engine.mounts.records()}
         before = self._named_holders()
         report = self.engine.reconcile(suspensions=False)
         self._repair_suspensions()  # after the pending ops: a suspension's unmount
@@ -63,7 +63,7 @@ class ReconcilePass:
         for kind, count in repairs.items():
             if count:
                 self.metrics.drift_repairs.labels(kind).inc(count)
-        self.metrics.managed_containers.set(len(self.engine.ledger.records()))
+        self.metrics.managed_containers.set(len(self.engine.mounts.records()))
         self.metrics.reconciles.labels("error" if report.errors else "ok").inc()
         deleted = self.holders.collect_orphan_holders()
         if deleted:
@@ -120,7 +120,7 @@ class ReconcilePass:
         """Each namespace's holder and pin pods that a mount, or a restarted container's
         intent, names."""
         named: dict[str, set[str]] = {}
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             for d in record.devices.values():
                 namespace, holder = d.metadata.get("namespace"), d.metadata.get("holder")
                 if namespace and holder:

@@ -53,9 +53,9 @@ class Suspending:
     in_flight: InFlight = field(default_factory=InFlight)  # what GET .../suspend answers
 
     def __post_init__(self) -> None:
-        ledger = self.engine.ledger
+        mounts = self.engine.mounts
         self.metrics.suspended_gpus.set_function(
-            lambda: sum(len(r.suspended) for r in ledger.records())
+            lambda: sum(len(r.suspended) for r in mounts.records())
         )
 
     def suspend_pod(
@@ -171,7 +171,7 @@ class Suspending:
         )
 
     def _suspended(self, container_id: str) -> dict[str, DeviceRecord]:
-        record = self.engine.ledger.load(container_id)
+        record = self.engine.mounts.record(container_id)
         return {k: s.device for k, s in record.suspended.items()} if record else {}
 
     def _taken(
