@@ -17,8 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import flags, rdma_resources
 from agent.idle import format_duration, parse_duration
-from hotmount.devices.inventory import DEFAULT_CDI_DIRS
-from hotmount.engine import DEFAULT_STATE_DIR
+from hotmount.api import DEFAULT_CDI_DIRS, DEFAULT_STATE_DIR
 
 DEFAULT_PODRESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 _SUBDOMAIN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"  # a DRA driver's or DeviceClass's name

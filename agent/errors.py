@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.schemas import Status
-from hotmount.errors import DeviceBusy, DeviceClaimed, HotmountError, ScanIncomplete
+from hotmount.api import DeviceBusy, DeviceClaimed, HotmountError, ScanIncomplete
 
 
 class ApiError(Exception):

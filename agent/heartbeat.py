@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from hotmount.tenantfs import forked
+from hotmount.api import last_finished
 
 
 class ReconcileHeartbeat:
@@ -48,7 +48,7 @@ class ReconcileHeartbeat:
         last = self._last
         thread = self._thread
         if thread is not None:
-            last = max(last, forked.last_finished(thread) or last)
+            last = max(last, last_finished(thread) or last)
         age = self._clock() - last
         if age <= self.allowance:
             return None

@@ -40,10 +40,7 @@ from agent.node.reconcile import ReconcilePass
 from agent.podresources import PodResourcesClient
 from agent.routes import containers, devices, health, pods
 from agent.schemas import Status
-from hotmount.engine import Engine, EngineConfig
-from hotmount.errors import HotmountError
-from hotmount.results import ReconcileReport
-from hotmount.tenantfs import forked
+from hotmount.api import Engine, EngineConfig, HotmountError, ReconcileReport, set_default_deadline
 
 gc.enable()
 
@@ -53,7 +50,7 @@ FRONT_PROXY_WAIT = 60.0  # seconds to wait at start for an API server that does 
 
 
 def engine_from(settings: AgentSettings) -> Engine:
-    forked.set_default_deadline(settings.fs_deadline)
+    set_default_deadline(settings.fs_deadline)
     return Engine(
         EngineConfig(
             host_root=settings.host_root,

@@ -27,9 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hotmount.devices import rdma
-from hotmount.devices.inventory import Inventory
-from hotmount.devices.model import Device
+from hotmount.api import Device, Inventory, is_rdma
 
 _RESOURCE = re.compile(
     r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?/[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
@@ -82,7 +80,7 @@ def rdma_device(device_id: str, inventory: Inventory) -> Device | None:
     """The RDMA device an `--rdma-resource` ID names (a PCI address, or an inventory
     name of an RDMA device), else None: never a GPU, whatever the ID looks like."""
     device = inventory.pci_device(device_id) or inventory.get(device_id)
-    return device if device is not None and rdma.is_rdma(device) else None
+    return device if device is not None and is_rdma(device) else None
 
 
 def _rdma_by_any_name(ref: str, inventory: Inventory, every: list[Device]) -> Device | None:

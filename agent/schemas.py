@@ -38,8 +38,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from agent.idle import format_duration, parse_duration
-from hotmount.devices.model import Device, MigDetails
-from hotmount.netdev.plan import DEFAULT_INSIDE_NAME, NetdevSpec
+from hotmount.api import DEFAULT_INSIDE_NAME, Device, MigDetails, NetdevSpec
 
 DeviceRef = Annotated[
     str,

@@ -36,8 +36,7 @@ class LocalEngine:
     def __init__(self, opts: Common) -> None:
         if os.geteuid() != 0:
             raise _LocalForbidden()
-        from hotmount.devices.inventory import DEFAULT_CDI_DIRS
-        from hotmount.engine import Engine, EngineConfig
+        from hotmount.api import DEFAULT_CDI_DIRS, Engine, EngineConfig
 
         config = EngineConfig(
             host_root=opts.host_root or Path("/"),
@@ -48,7 +47,7 @@ class LocalEngine:
 
     @staticmethod
     def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from hotmount.errors import DeviceBusy, DeviceClaimed, HotmountError
+        from hotmount.api import DeviceBusy, DeviceClaimed, HotmountError
 
         try:
             return fn(*args, **kwargs)

@@ -32,16 +32,39 @@ Sharing on purpose (CUDA IPC needs two processes to see one GPU):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hotmount.errors import DeviceClaimed
 
-if TYPE_CHECKING:  # devices/ builds footprints from this module: no import back at run time
-    from hotmount.devices.model import Device
-
 Number = tuple[int, int]
+
+
+class Node(Protocol):
+    """A device node as the rules read it (hotmount/devices/model.py's DeviceNode)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def major(self) -> int: ...
+    @property
+    def minor(self) -> int: ...
+
+
+class Device(Protocol):
+    """A device as the rules read it (hotmount/devices/model.py's Device): devices/
+    builds footprints from this module, so it imports nothing of devices/ back."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def index(self) -> int | None: ...
+    @property
+    def nodes(self) -> Sequence[Node]: ...
+    @property
+    def shared_nodes(self) -> Sequence[Node]: ...
+
 
 # nvidiactl and nvidia-modeset: every CUDA program opens them, none owns them.
 CONTROL_NUMBERS: frozenset[Number] = frozenset({(195, 255), (195, 254)})

@@ -14,35 +14,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
-from hotmount import claims, liveness, plan
+from hotmount import claims, plan
 from hotmount.cgroups.detect import CgroupLayout, detect
 from hotmount.claims import Claim
+from hotmount.config import EngineConfig
 from hotmount.containers import Container, ContainerRef, ContainerResolver
 from hotmount.devices import companions
-from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
+from hotmount.devices.inventory import Inventory
 from hotmount.devices.model import Device
 from hotmount.driver.injection import DriverInjection
-from hotmount.errors import ContainerNotFound, HotmountError, NotInContainer
+from hotmount.errors import HotmountError
 from hotmount.grants import CgroupGrants
 from hotmount.hostfs import HostRoot
 from hotmount.inuse import UseCheck
-from hotmount.ledger import (
-    ContainerRecord,
-    DeviceRecord,
-    Ledger,
-    NodeRecord,
-    PendingOp,
-    now,
-)
-from hotmount.liveness import Liveness
+from hotmount.ledger import ContainerRecord, DeviceRecord, Ledger, NodeRecord, PendingOp, now
 from hotmount.netdev import mounting as netdev_mounting
 from hotmount.netdev.moves import Netdevs
-from hotmount.netdev.plan import NetdevSpec, Network
+from hotmount.netdev.plan import NetdevSpec
 from hotmount.nodesteps import NodeSteps
 from hotmount.reconcile import repair_drift, sweep_claims
 from hotmount.results import (
@@ -52,32 +44,13 @@ from hotmount.results import (
     ReconcileReport,
     UnmountResult,
 )
+from hotmount.session import Session, Sessions
 from hotmount.status import container_status
 from hotmount.suspend.flow import Suspender
 from hotmount.tenantfs.devnodes import ContainerFs, open_container_fs
+from hotmount.view import Mounts
 
 log = logging.getLogger(__name__)
-
-DEFAULT_STATE_DIR = Path("/run/gpu-hotmount/state")  # tmpfs: as long-lived as the kernel state
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    host_root: Path = Path("/")
-    cdi_dirs: tuple[str, ...] = DEFAULT_CDI_DIRS
-    state_dir: Path = DEFAULT_STATE_DIR
-    use_nvml: bool = True
-    node_method: str = "auto"  # auto | openat2 | setns
-    stop_grace: float = 10.0
-    sys_root: Path | None = None  # where /sys is read for RDMA and PCIe places (default: host)
-    netdev_allow: tuple[str, ...] = ()  # interfaces (names, globs) that may move; empty: none
-    netdev_address_cidrs: tuple[Network, ...] = ()  # where set addresses may lie; empty: none
-    driver_root: str | None = None  # where the driver's files are (host path); None: CDI only
-    # asked (only a mount that asks) | auto | always | never (an off switch): docs/driver.md
-    inject_driver: str = "asked"
-    # where the host's / is seen for the driver's files (driver root, CDI hostPaths):
-    # the chart mounts it at /host; None: host_root
-    driver_host_root: Path | None = None
 
 
 class Engine:
@@ -91,6 +64,8 @@ class Engine:
         self._proc = os.fspath(self.host.proc)
         self.grants = CgroupGrants(self.layout)
         self.ledger = Ledger(self.config.state_dir)
+        self.sessions = Sessions(self.resolver, self._proc, self.ledger)
+        self.mounts = Mounts(self.ledger)  # the books, read-only: for the agent and the CLI
         self.netdevs = Netdevs(
             self.host,
             self.config.state_dir,
@@ -106,7 +81,9 @@ class Engine:
             self.config.inject_driver,
         )
         self.use = UseCheck(self.host.proc, self.config.use_nvml, self.config.stop_grace)
-        self.steps = NodeSteps(self.grants, self.ledger, self.driver, self._fs, self._proven)
+        self.steps = NodeSteps(
+            self.grants, self.ledger, self.driver, self._fs, self.sessions.proven
+        )
         self.inventory = self.load_inventory()
         self.suspender = Suspender(self)  # suspend and resume: hotmount/suspend/
 
@@ -119,6 +96,13 @@ class Engine:
 
     def resolve(self, ref: str | ContainerRef) -> Container:
         return self.resolver.resolve(ref)
+
+    def session(
+        self, ref: str | ContainerRef | Container, *, locked: bool = False
+    ) -> contextlib.AbstractContextManager[Session]:
+        """The container, resolved and pinned by a pidfd for the block (with its record
+        and lock): the door hotmount/suspend/ and hotmount/netdev/ use (hotmount/session.py)."""
+        return self.sessions.open(ref, locked=locked)
 
     def holders(self) -> dict[str, list[Claim]]:
         """Inventory key -> every claim on the same physical device, under whatever name
@@ -168,9 +152,8 @@ class Engine:
         devices = self.inventory.resolve_all(device_refs)
         riders = companions.rdma_for(self.inventory, devices, with_rdma, rdma or ())
         devices += [device for device, _ in riders.values()]
-        container, alive = self._enter(ref)
-        with alive, self.ledger.lock(container.key):
-            record = self._record_for(container, alive.start_time)
+        with self.session(ref, locked=True) as session:
+            container, alive, record = session.container, session.alive, session.record()
             if record.pending is not None:
                 self.steps.finish_pending(record, container)
             new = [d for d in devices if d.key not in record.devices]
@@ -249,7 +232,7 @@ class Engine:
             if not force:
                 for claim in wanted:
                     blockers = claims.blocking(claim, existing, share_with)
-                    stale = {b.owner for b in blockers if not self._record_alive(b.owner)}
+                    stale = {b.owner for b in blockers if not self.sessions.record_alive(b.owner)}
                     for dead in stale:  # its container is gone: its claims are void
                         for c in existing:
                             if c.owner == dead and not c.footprint.unknown:
@@ -280,9 +263,8 @@ class Engine:
         revoked and its nodes removed anyway, then its holders and the processes the
         look could not clear are stopped (`unclassified_pids`, `unclassified_why`).
         Without `force` that is ScanIncomplete, and nothing changes."""
-        container, alive = self._enter(ref)
-        with alive, self.ledger.lock(container.key):
-            record = self._record_for(container, alive.start_time)
+        with self.session(ref, locked=True) as session:
+            container, record = session.container, session.record()
             if record.pending is not None:
                 self.steps.finish_pending(record, container)
             keys = companions.leaving_with(record, self._keys(record, device_refs))
@@ -358,7 +340,7 @@ class Engine:
         return self._status_of(record, container)
 
     def statuses(self) -> list[ContainerStatus]:
-        return [self._status_of(r, self._live(r)) for r in self.ledger.records()]
+        return [self._status_of(r, self.sessions.live(r)) for r in self.ledger.records()]
 
     def _status_of(self, record: ContainerRecord, container: Container | None) -> ContainerStatus:
         return container_status(record, container, self.grants, self._fs)
@@ -389,7 +371,7 @@ class Engine:
         return report
 
     def _reconcile_one(self, record: ContainerRecord, report: ReconcileReport) -> None:
-        container = self._live(record)
+        container = self.sessions.live(record)
         if container is None:
             # A NIC's claim and its interface go together: the interface back to the host
             # first (a restarted container's pod keeps the namespace, and the interface
@@ -414,62 +396,12 @@ class Engine:
         with self._fs(container) as fs:
             repair_drift(record, self.grants, fs, report)
         if record.driver:
-            report.recreated += self.driver.repair(container, record.driver, self._proven(record))
+            report.recreated += self.driver.repair(
+                container, record.driver, self.sessions.proven(record)
+            )
         self.ledger.save(record)
 
     # -- helpers
-    def _enter(self, ref: str | ContainerRef | Container) -> tuple[Container, Liveness]:
-        """The container, resolved and pinned by a pidfd (close the `Liveness`)."""
-        return liveness.enter(self.resolver, self._proc, ref)
-
-    def _record_for(self, container: Container, start_time: int) -> ContainerRecord:
-        record = self.ledger.load(container.key)
-        fresh = ContainerRecord(
-            key=container.key,
-            container_id=container.id,
-            init_pid=container.init_pid,
-            init_start_time=start_time,
-            v1_dir=str(container.v1_devices_dir) if container.v1_devices_dir else None,
-            v2_dir=str(container.v2_dir) if container.v2_dir else None,
-        )
-        if record is None:
-            return fresh
-        if (record.init_pid, record.init_start_time) != (container.init_pid, start_time):
-            log.warning("dropping the stale record of %s: its init process changed", record.key)
-            for key in record.devices:
-                self.ledger.release(key, record.key)
-            return fresh
-        return record
-
-    def _live(self, record: ContainerRecord) -> Container | None:
-        ref = (
-            ContainerRef(container_id=record.container_id)
-            if record.container_id
-            else ContainerRef(pid=record.init_pid)
-        )
-        try:
-            container = self.resolve(ref)
-        except (ContainerNotFound, NotInContainer):
-            return None
-        if container.init_pid != record.init_pid:
-            return None
-        if liveness.start_time(self._proc, container.init_pid) != record.init_start_time:
-            return None
-        return container
-
-    def _record_alive(self, key: str) -> bool:
-        record = self.ledger.load(key)
-        return record is not None and self._live(record) is not None
-
-    def _proven(self, record: ContainerRecord) -> Callable[[], None]:
-        """A check that the record's init still runs under its PID (not a reused one)."""
-
-        def check() -> None:
-            if liveness.start_time(self._proc, record.init_pid) != record.init_start_time:
-                raise ContainerNotFound(f"PID {record.init_pid} is no longer {record.key}'s init")
-
-        return check
-
     @contextlib.contextmanager
     def _fs(self, container: Container) -> Iterator[ContainerFs]:
         fs = open_container_fs(self._proc, container, self.config.node_method)

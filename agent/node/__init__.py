@@ -33,13 +33,13 @@ from agent.node.remounts import Remounts
 from agent.node.suspending import Suspending
 from agent.node.targets import Targets
 from agent.podresources import PodResourcesClient
-from hotmount import engine as eng
+from hotmount.api import Engine
 
 
 @dataclass(frozen=True)
 class Node:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     metrics: Metrics
     mounting: Mounting
@@ -52,7 +52,7 @@ class Node:
     def build(
         cls,
         settings: AgentSettings,
-        engine: eng.Engine,
+        engine: Engine,
         kube: KubeClient | None,
         podresources: PodResourcesClient | None,
         metrics: Metrics,

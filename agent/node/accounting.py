@@ -23,9 +23,7 @@ from agent.kube.client import KubeClient
 from agent.kube.dra import ResourceApi
 from agent.node.dra import DraNames, SliceDevice, slice_devices
 from agent.podresources import PodResourcesClient, PodResourcesError
-from hotmount import engine as eng
-from hotmount.devices.model import Device, DeviceKind
-from hotmount.suspend.model import gpu_uuid
+from hotmount.api import Device, DeviceKind, Engine, gpu_uuid
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +67,7 @@ class _Recent:
 @dataclass(frozen=True)
 class Accounting:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     podresources: PodResourcesClient | None
     resources: ResourceApi | None
@@ -168,7 +166,7 @@ def is_gpu(device: Device) -> bool:
     return device.kind in GPU_KINDS or gpu_uuid(device) is not None
 
 
-def _uuids(device: Device, engine: eng.Engine) -> set[str]:
+def _uuids(device: Device, engine: Engine) -> set[str]:
     """A GPU's UUID and its MIG devices', or a MIG device's and its parent's: a slice
     that lists either covers this device. Casefolded, as `Books.slices` is keyed."""
     uuid = gpu_uuid(device)

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from hotmount.ledger import atomic_write
+from hotmount.api import atomic_write
 
 log = logging.getLogger(__name__)
 

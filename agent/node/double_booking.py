@@ -23,9 +23,7 @@ from agent.node.holders import HOLDER_LABEL, HolderPods
 from agent.node.kubelet import KubeletBooks, KubeletHold
 from agent.node.locks import ContainerLocks
 from agent.node.results import unclassified_text
-from hotmount import engine as eng
-from hotmount.errors import HotmountError
-from hotmount.ledger import ContainerRecord, DeviceRecord
+from hotmount.api import ContainerRecord, DeviceRecord, Engine, HotmountError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +51,7 @@ class DoubleBooking:
 @dataclass(frozen=True)
 class DoubleBookings:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     metrics: Metrics
     locks: ContainerLocks
@@ -101,7 +99,7 @@ class DoubleBookings:
         sharing = {(h.allocation.resource_name, h.pod) for h in holds if h.shared}
         pods: dict[tuple[str, str], PodInfo | None] = {}
         found = []
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             for entry in record.devices.values():
                 meta = entry.metadata
                 namespace, pod = meta.get("namespace"), meta.get("pod")
@@ -184,7 +182,7 @@ class DoubleBookings:
                 if not free:  # a suspension (or another call) runs: the next pass
                     log.debug("double-booked %s in %s: the container is busy", entry.key, ref)
                     return
-                now = self.engine.ledger.load(record.key)
+                now = self.engine.mounts.record(record.key)
                 current = now.devices.get(entry.key) if now else None
                 if current is None or current.mounted_at != entry.mounted_at:
                     return  # unmounted (or mounted anew) meanwhile

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 from agent.node.kubelet import KubeletBooks
 from agent.node.pins import pin_of
-from hotmount import engine as eng
-from hotmount.devices.model import DeviceKind
+from hotmount.api import DeviceKind, Engine
 
 # One state per GPU, the first that applies. `pinned`: hot-mounted and kept in the
 # scheduler's books by a pin; `allocated`: the kubelet gave it to a pod, not hot-mounted.
@@ -18,17 +17,17 @@ GPU_STATES = ("pinned", "hot_mounted", "allocated", "free")
 
 @dataclass(frozen=True)
 class GpuStates:
-    engine: eng.Engine
+    engine: Engine
     kubelet: KubeletBooks
 
     def counts(self) -> dict[str, int]:
         """Each state's number of whole GPUs (a GPU whose MIG instance is hot-mounted
         counts as hot-mounted: the footprints overlap)."""
         inventory = self.engine.inventory
-        claims = self.engine.ledger.claims()
+        claims = self.engine.mounts.claims()
         pinned = {
             (record.key, entry.key)
-            for record in self.engine.ledger.records()
+            for record in self.engine.mounts.records()
             for entry in record.devices.values()
             if pin_of(entry.metadata)
         }

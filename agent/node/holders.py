@@ -26,9 +26,7 @@ from agent.kube.dra import ResourceApi
 from agent.node.locks import ContainerLocks
 from agent.node.remounts import named_holders
 from agent.node.results import require_kube, unclassified_text
-from hotmount import engine as eng
-from hotmount.errors import HotmountError
-from hotmount.ledger import ContainerRecord
+from hotmount.api import ContainerRecord, Engine, HotmountError
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +162,7 @@ class Holder:
 @dataclass(frozen=True)
 class HolderPods:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     locks: ContainerLocks
     resources: ResourceApi | None = None  # DRA: a pin's ResourceClaim goes with it
@@ -278,7 +276,7 @@ class HolderPods:
 
     def named_in(self, container_id: str) -> set[str]:
         """The holder pods the container's mounts name."""
-        record = self.engine.ledger.load(container_id)
+        record = self.engine.mounts.record(container_id)
         if record is None:
             return set()
         return {h for d in record.devices.values() if (h := d.metadata.get("holder"))}
@@ -288,7 +286,7 @@ class HolderPods:
         of its pod), or that waits for a restarted container (agent/node/remounts.py)."""
         return {
             h
-            for record in self.engine.ledger.records()
+            for record in self.engine.mounts.records()
             for d in record.devices.values()
             if (h := d.metadata.get("holder"))
         } | {holder for _, holder in named_holders(self.engine.ledger.intents())}
@@ -335,7 +333,7 @@ class HolderPods:
         """(namespace, holder) of every holder and pin a mount or an intent names."""
         return {
             (d.metadata.get("namespace") or "", h)
-            for record in self.engine.ledger.records()
+            for record in self.engine.mounts.records()
             for d in record.devices.values()
             if (h := d.metadata.get("holder"))
         } | named_holders(self.engine.ledger.intents())
@@ -366,7 +364,7 @@ class HolderPods:
             return []
         in_flight = self._in_flight_now()
         taken = []
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             by_holder: dict[tuple[str, str, str], list[str]] = defaultdict(list)
             for d in record.devices.values():
                 namespace, holder = d.metadata.get("namespace"), d.metadata.get("holder")
@@ -393,7 +391,7 @@ class HolderPods:
                             # long as it runs; reconcile never waits on it (next pass).
                             log.debug("take-back of %s from %s: the container is busy", keys, ref)
                             continue
-                        now = self.engine.ledger.load(record.key)
+                        now = self.engine.mounts.record(record.key)
                         mine = [
                             k
                             for k in keys

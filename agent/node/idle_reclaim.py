@@ -18,37 +18,35 @@ from agent.kube.client import KubeClient
 from agent.metrics import Metrics
 from agent.node.background import Background
 from agent.node.holders import HolderPods
-from agent.node.idle_state import IdleState
+from agent.node.idle_state import IdleState, Look
 from agent.node.idle_suspend import suspend_idle
 from agent.node.locks import ContainerLocks
 from agent.node.results import clock_key, device_label, unclassified_text
 from agent.schemas import MountRequest
-from hotmount import engine as eng
-from hotmount import usage
-from hotmount.activity import ActivitySampler, GpuActivity
-from hotmount.devices.rdma import RDMA_NODE_DIR, is_rdma
-from hotmount.errors import DeviceBusy, HeldWithStayingDevices, HotmountError, ScanIncomplete
-from hotmount.ledger import ContainerRecord, DeviceRecord
-from hotmount.suspend.model import gpu_uuid
+from hotmount.api import (
+    RDMA_NODE_DIR,
+    ActivitySampler,
+    ContainerRecord,
+    DeviceBusy,
+    DeviceRecord,
+    Engine,
+    GpuActivity,
+    HeldWithStayingDevices,
+    HotmountError,
+    ScanIncomplete,
+    gpu_uuid,
+    is_rdma,
+    nvml_pids,
+    scan_holders,
+)
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class _Look:
-    """One mount as this pass found it."""
-
-    record: ContainerRecord
-    entry: DeviceRecord
-    key: tuple[str, str, str]
-    since: float | None  # idle since (wall clock); None: in use
-    now: float
-
-
-@dataclass(frozen=True)
 class IdleReclaim:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     metrics: Metrics
     locks: ContainerLocks
@@ -140,7 +138,7 @@ class IdleReclaim:
         """
         state = self._state()
         mounts = []
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             entries = [d for d in record.devices.values() if self.is_gpu(d)]
             if not entries:
                 continue
@@ -156,7 +154,7 @@ class IdleReclaim:
             busy = self._in_use(record, entry, pids, activity, key)
             now = time.time()  # after the look: conservative (agent/idle.py)
             since = self._idle.observe(key, busy, now)
-            look = _Look(record, entry, key, since, now)
+            look = Look(record, entry, key, since, now)
             looks.append(key)
             timeout = idle.timeout_of(entry.metadata)
             before = idle.warn_before_of(entry.metadata)
@@ -175,7 +173,7 @@ class IdleReclaim:
         for look in warn:
             self._warn(look)
         taken = []
-        suspending: dict[str, list[_Look]] = {}
+        suspending: dict[str, list[Look]] = {}
         for look in due:
             if idle.policy_of(look.entry.metadata) == idle.SUSPEND:
                 suspending.setdefault(look.record.key, []).append(look)
@@ -261,7 +259,7 @@ class IdleReclaim:
                 if p in record.nodes
             }
         try:
-            seen = usage.look(self.engine.host.proc, pids, numbers)
+            seen = scan_holders(self.engine.host.proc, pids, numbers)
         except HotmountError as exc:
             log.warning("idle check of %s in %s: %s", entry.key, record.key, exc.message)
             return 1
@@ -275,10 +273,10 @@ class IdleReclaim:
             )
             return 1
         if not found and device is not None and device.uuid and self.engine.config.use_nvml:
-            found = len(usage.nvml_pids([device.uuid]) & set(pids))
+            found = len(nvml_pids([device.uuid]) & set(pids))
         return found
 
-    def _warn(self, look: _Look) -> None:
+    def _warn(self, look: Look) -> None:
         """GPUIdleSoon on the pod, and the warning counted."""
         entry = look.entry
         timeout = idle.timeout_of(entry.metadata) or 0
@@ -291,16 +289,16 @@ class IdleReclaim:
         taken = "suspended" if policy == idle.SUSPEND else "reclaimed"
         container = entry.metadata.get("container") or look.record.key
         message = (
-            f"{self._device_text(entry.key)} in {container} "
+            f"{self.device_text(entry.key)} in {container} "
             f"has been {what} for {idle.format_duration(look.now - since)}: {taken} in "
             f"{idle.format_duration(left)} unless used (idle timeout "
             f"{idle.format_duration(timeout)}, policy {policy})"
         )
         self.metrics.idle_warnings.inc()
         log.info("%s", message)
-        self._pod_event(entry, "GPUIdleSoon", message, warning=True)
+        self.pod_event(entry, "GPUIdleSoon", message, warning=True)
 
-    def _reclaim(self, look: _Look) -> bool:
+    def _reclaim(self, look: Look) -> bool:
         """Unmount one idle device under the container's lock (under `unused`, stopping
         its holders), release its holder pod, and tell the pod (Event) and the metrics.
         A container whose lock another holds is left for the next pass, never waited for."""
@@ -318,11 +316,11 @@ class IdleReclaim:
                 if not free:  # a suspension (or another call) runs: due again next pass
                     log.debug("reclaim of %s from %s: the container is busy", entry.key, ref)
                     return False
-                now = self.engine.ledger.load(record.key)
+                now = self.engine.mounts.record(record.key)
                 current = now.devices.get(entry.key) if now else None
                 if current is None or current.mounted_at != entry.mounted_at:
                     return False  # unmounted (or mounted anew) meanwhile
-                if unused and self._used_again(record, entry):
+                if unused and self.used_again(record, entry):
                     self._idle.observe(key, 1, time.time())
                     log.info(
                         "reclaim of %s from %s: used again, its clock restarts", entry.key, ref
@@ -369,27 +367,40 @@ class IdleReclaim:
                 f"SIGKILL after {self.settings.stop_grace:g}s)"
             )
         why += more
-        label = self._device_text(entry.key)
+        label = self.device_text(entry.key)
         log.info("reclaimed %s from %s: %s; holder pods deleted: %s", label, ref, why, released)
         container = meta.get("container") or ref
-        self._pod_event(entry, "GPUReclaimed", f"took {label} back from {container}: {why}")
+        self.pod_event(entry, "GPUReclaimed", f"took {label} back from {container}: {why}")
         return True
 
-    def _skipped(self, look: _Look, exc: HeldWithStayingDevices) -> None:
+    def _skipped(self, look: Look, exc: HeldWithStayingDevices) -> None:
         """A process uses this GPU and one that stays: it is not stopped, the GPU stays,
         the pod is told why (Event), and the clock starts again (a warning comes first)."""
         self._idle.observe(look.key, 1, time.time())
         self.metrics.reclaim_failures.labels("skipped").inc()
-        label = self._device_text(look.entry.key)
+        label = self.device_text(look.entry.key)
         container = look.entry.metadata.get("container") or look.record.key
         message = (
             f"did not take {label} back from {container}: {exc.message}. Stopping them "
             "would stop their work on the GPUs that stay; the idle clock starts again"
         )
         log.info("%s", message)
-        self._pod_event(look.entry, "GPUReclaimSkipped", message, warning=True)
+        self.pod_event(look.entry, "GPUReclaimSkipped", message, warning=True)
 
-    def _used_again(self, record: ContainerRecord, entry: DeviceRecord) -> bool:
+    def noted(self, key: tuple[str, str, str]) -> bool:
+        """Whether the last pass judged this mount `unheld` where `unused` was asked
+        (NVML could not judge it): then no last look at its use is taken."""
+        return key in self._notes
+
+    def restart_clock(self, key: tuple[str, str, str], when: float) -> None:
+        """Count the mount as used at `when`: its idle clock and warning start again."""
+        self._idle.observe(key, 1, when)
+
+    def forget_clock(self, key: tuple[str, str, str]) -> None:
+        """The mount is gone (taken back, suspended): its clock goes too."""
+        self._idle.forget(key)
+
+    def used_again(self, record: ContainerRecord, entry: DeviceRecord) -> bool:
         """Under `unused`, a last look just before the holders are stopped."""
         device = self.engine.inventory.get(entry.key)
         uuid = gpu_uuid(device) if device else None
@@ -402,13 +413,13 @@ class IdleReclaim:
         seen = self._sampler.sample([uuid]).get(uuid)
         return seen is not None and seen.judged and seen.busy_for(pids)
 
-    def _pod_event(
+    def pod_event(
         self, entry: DeviceRecord, reason: str, message: str, warning: bool = False
     ) -> None:
         namespace, pod_name = entry.metadata.get("namespace"), entry.metadata.get("pod")
         if namespace and pod_name and self.kube is not None:
             self.kube.event_on_pod(namespace, pod_name, reason, message, warning=warning)
 
-    def _device_text(self, key: str) -> str:
+    def device_text(self, key: str) -> str:
         device = self.engine.inventory.get(key)
         return f"GPU {device_label(device)}" if device is not None else key

@@ -5,6 +5,10 @@ atomic_write) when a clock starts, resets or is warned, not on every look: a pas
 changes nothing writes nothing. Keys are the mount's clock key (container, device,
 mount ID), so a GPU mounted anew never inherits an old clock. An unreadable file is
 logged and ignored: the clocks then start again, later, never sooner.
+
+`Look` is one mount as a pass found it: the piece that the reclaim and the idle
+suspension share (agent/node/idle_reclaim.py, idle_suspend.py), kept here so that
+neither imports the other back.
 """
 
 from __future__ import annotations
@@ -12,16 +16,28 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Hashable
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent import idle
-from hotmount.errors import HotmountError
-from hotmount.ledger import atomic_write
+from hotmount.api import ContainerRecord, DeviceRecord, HotmountError, atomic_write
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "idle-clocks.json"
 _SEPARATOR = "\t"  # never in a container key, a device key or a mount ID
+
+
+@dataclass(frozen=True)
+class Look:
+    """One mount as an idle pass found it (agent/node/idle_reclaim.py), handed to its
+    warning, its reclaim or its suspension (agent/node/idle_suspend.py)."""
+
+    record: ContainerRecord
+    entry: DeviceRecord
+    key: tuple[str, str, str]  # its clock key
+    since: float | None  # idle since (wall clock); None: in use
+    now: float
 
 
 class IdleState:

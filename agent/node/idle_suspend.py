@@ -22,19 +22,46 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from agent import idle
-from hotmount.errors import HotmountError
-from hotmount.suspend.flow import DEFAULT_LOCK_TIMEOUT
-
-if TYPE_CHECKING:
-    from agent.node.idle_reclaim import IdleReclaim, _Look
+from agent.metrics import Metrics
+from agent.node.background import Background
+from agent.node.holders import HolderPods
+from agent.node.idle_state import Look
+from agent.node.locks import ContainerLocks
+from hotmount.api import DEFAULT_LOCK_TIMEOUT, ContainerRecord, DeviceRecord, Engine, HotmountError
 
 log = logging.getLogger(__name__)
 
 
-def suspend_idle(reclaim: IdleReclaim, looks: Sequence[_Look]) -> bool:
+class IdleReclaim(Protocol):
+    """What a suspension uses of agent/node/idle_reclaim.py's IdleReclaim (which calls
+    this module, so is not imported back): its public members."""
+
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def locks(self) -> ContainerLocks: ...
+    @property
+    def holders(self) -> HolderPods: ...
+    @property
+    def background(self) -> Background: ...
+
+    def is_gpu(self, entry: DeviceRecord) -> bool: ...
+    def noted(self, key: tuple[str, str, str]) -> bool: ...
+    def used_again(self, record: ContainerRecord, entry: DeviceRecord) -> bool: ...
+    def restart_clock(self, key: tuple[str, str, str], when: float) -> None: ...
+    def forget_clock(self, key: tuple[str, str, str]) -> None: ...
+    def device_text(self, key: str) -> str: ...
+    def pod_event(
+        self, entry: DeviceRecord, reason: str, message: str, warning: bool = False
+    ) -> None: ...
+
+
+def suspend_idle(reclaim: IdleReclaim, looks: Sequence[Look]) -> bool:
     """On the reconcile thread: decide whether one container's idle GPUs (`looks`: all
     due under `suspend` this pass) are suspended now, and if so start the suspension on
     a thread of its own (agent/node/background.py) and return at once: its CUDA lock and
@@ -52,7 +79,7 @@ def suspend_idle(reclaim: IdleReclaim, looks: Sequence[_Look]) -> bool:
             return False
         if _changed(reclaim, looks):
             return False  # unmounted (or mounted anew) meanwhile
-        now = reclaim.engine.ledger.load(record.key)
+        now = reclaim.engine.mounts.record(record.key)
         assert now is not None
         gpus = [key for key, entry in now.devices.items() if reclaim.is_gpu(entry)]
         staying = [key for key in gpus if key not in {look.entry.key for look in looks}]
@@ -60,7 +87,7 @@ def suspend_idle(reclaim: IdleReclaim, looks: Sequence[_Look]) -> bool:
             _wait_for_all(reclaim, looks, staying)
             return False
         for look in looks:
-            if look.key not in reclaim._notes and reclaim._used_again(record, look.entry):
+            if not reclaim.noted(look.key) and reclaim.used_again(record, look.entry):
                 _restart(reclaim, looks)
                 log.info("suspend of %s: used again, its clock restarts", ref)
                 return False
@@ -69,9 +96,9 @@ def suspend_idle(reclaim: IdleReclaim, looks: Sequence[_Look]) -> bool:
     )
 
 
-def _changed(reclaim: IdleReclaim, looks: Sequence[_Look]) -> bool:
+def _changed(reclaim: IdleReclaim, looks: Sequence[Look]) -> bool:
     """Whether a due mount was unmounted (or mounted anew) since the pass looked."""
-    now = reclaim.engine.ledger.load(looks[0].record.key)
+    now = reclaim.engine.mounts.record(looks[0].record.key)
     return now is None or any(
         (current := now.devices.get(look.entry.key)) is None
         or current.mounted_at != look.entry.mounted_at
@@ -79,7 +106,7 @@ def _changed(reclaim: IdleReclaim, looks: Sequence[_Look]) -> bool:
     )
 
 
-def _suspend(reclaim: IdleReclaim, looks: Sequence[_Look]) -> None:
+def _suspend(reclaim: IdleReclaim, looks: Sequence[Look]) -> None:
     """Off the reconcile thread: the suspension itself, under the container's lock (taken
     without waiting: a call that took it since the pass looked goes first, and the next
     pass decides again); then, with the lock released, the holder pods deleted, the
@@ -99,12 +126,12 @@ def _suspend(reclaim: IdleReclaim, looks: Sequence[_Look]) -> None:
     namespace = looks[0].entry.metadata.get("namespace")
     released = reclaim.holders.release_after(namespace, before, "idle suspend", wait=True)
     for look in looks:
-        reclaim._idle.forget(look.key)
+        reclaim.forget_clock(look.key)
         reclaim.metrics.reclaimed.inc()
     first = looks[0]
     timeout = idle.timeout_of(first.entry.metadata) or 0
     moved = sum(p["gpuBytes"] or 0 for p in done.processes)
-    labels = ", ".join(reclaim._device_text(key) for key in done.devices)
+    labels = ", ".join(reclaim.device_text(key) for key in done.devices)
     container = first.entry.metadata.get("container") or ref
     message = (
         f"suspended {labels} of {container}: unused for "
@@ -113,43 +140,43 @@ def _suspend(reclaim: IdleReclaim, looks: Sequence[_Look]) -> None:
         f"kept, {moved >> 20} MiB of GPU memory in host memory; a resume gives a GPU back"
     )
     log.info("%s; holder pods deleted: %s", message, released)
-    reclaim._pod_event(first.entry, "GPUSuspended", message)
+    reclaim.pod_event(first.entry, "GPUSuspended", message)
 
 
-def _restart(reclaim: IdleReclaim, looks: Sequence[_Look]) -> None:
+def _restart(reclaim: IdleReclaim, looks: Sequence[Look]) -> None:
     """Count the mounts as used now: the clock and its warning start again."""
     when = time.time()
     for look in looks:
-        reclaim._idle.observe(look.key, 1, when)
+        reclaim.restart_clock(look.key, when)
 
 
-def _wait_for_all(reclaim: IdleReclaim, looks: Sequence[_Look], staying: list[str]) -> None:
+def _wait_for_all(reclaim: IdleReclaim, looks: Sequence[Look], staying: list[str]) -> None:
     """Another GPU of the container is not due under `suspend`: suspending would take it
     too. Nothing is done; the pod is told, and the clock starts again."""
     _restart(reclaim, looks)
     reclaim.metrics.reclaim_failures.labels("skipped").inc()
     first = looks[0]
     container = first.entry.metadata.get("container") or first.record.key
-    others = ", ".join(reclaim._device_text(key) for key in staying)
+    others = ", ".join(reclaim.device_text(key) for key in staying)
     message = (
-        f"did not suspend {reclaim._device_text(first.entry.key)} of {container}: a "
+        f"did not suspend {reclaim.device_text(first.entry.key)} of {container}: a "
         f"suspension takes every GPU of the container, and {others} is not idle under "
         "policy suspend; the idle clock starts again"
     )
     log.info("%s", message)
-    reclaim._pod_event(first.entry, "GPUReclaimSkipped", message, warning=True)
+    reclaim.pod_event(first.entry, "GPUReclaimSkipped", message, warning=True)
 
 
-def _refused(reclaim: IdleReclaim, looks: Sequence[_Look], why: str) -> None:
+def _refused(reclaim: IdleReclaim, looks: Sequence[Look], why: str) -> None:
     """The suspension was refused: nothing stopped, the GPUs stay, the pod is told."""
     _restart(reclaim, looks)
     reclaim.metrics.reclaim_failures.labels("refused").inc()
     first = looks[0]
     container = first.entry.metadata.get("container") or first.record.key
-    labels = ", ".join(reclaim._device_text(look.entry.key) for look in looks)
+    labels = ", ".join(reclaim.device_text(look.entry.key) for look in looks)
     message = (
         f"could not suspend idle {labels} of {container}: {why}. Nothing was stopped and "
         "the GPU stays mounted; the idle clock starts again"
     )
     log.warning("%s", message)
-    reclaim._pod_event(first.entry, "GPUSuspendRefused", message, warning=True)
+    reclaim.pod_event(first.entry, "GPUSuspendRefused", message, warning=True)

@@ -20,11 +20,7 @@ from agent.node.holders import HOLDER_LABEL, ROLE_LABEL, Role
 from agent.node.results import device_label, require_kube
 from agent.podresources import Allocation, PodResourcesClient, PodResourcesError
 from agent.schemas import DeviceHolder
-from hotmount import claims
-from hotmount import engine as eng
-from hotmount.claims import Claim, Footprint
-from hotmount.devices import rdma
-from hotmount.devices.model import Device, DeviceKind
+from hotmount.api import Claim, Device, DeviceKind, Engine, Footprint, blocking_claims, is_rdma
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +78,7 @@ class UnmappedId:
 @dataclass(frozen=True)
 class KubeletBooks:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     podresources: PodResourcesClient | None
     resources: ResourceApi | None = None  # DRA: ResourceSlices name the prepared devices
@@ -193,7 +189,7 @@ class KubeletBooks:
         it shares with) was given that resource."""
         holds, unmapped = self._books(strict=True)
         group = f"{target.namespace}/{target.name}"
-        nics = [d for d in devices if rdma.is_rdma(d)]
+        nics = [d for d in devices if is_rdma(d)]
         if nics and unmapped:
             raise _unmapped_error(nics, unmapped)
         shared = self._shared_coverage()
@@ -202,10 +198,10 @@ class KubeletBooks:
         holds = [h for h in holds if not h.shared]
         if not holds:
             return
-        held = [*self.engine.ledger.claims(), *(h.claim() for h in holds)]
+        held = [*self.engine.mounts.claims(), *(h.claim() for h in holds)]
         for device in devices:
             new = Claim("", device.key, group, self.engine.inventory.footprint(device))
-            for blocker in claims.blocking(new, held, share):
+            for blocker in blocking_claims(new, held, share):
                 if not blocker.owner.startswith(KUBELET):
                     continue  # a hot-mount: the engine's claim decides, atomically
                 owner = (blocker.holder["namespace"], blocker.holder["pod"])

@@ -25,10 +25,7 @@ from agent.schemas import (
     MountedDevice,
     PodDevices,
 )
-from hotmount import engine as eng
-from hotmount.claims import Claim
-from hotmount.devices.model import DeviceKind
-from hotmount.ledger import DeviceRecord, SuspendedGpu
+from hotmount.api import Claim, DeviceKind, DeviceRecord, Engine, SuspendedGpu
 
 # The kinds a scheduler's books can hold (an RDMA NIC is outside "Accounting" for now).
 BOOKED_KINDS = (DeviceKind.GPU, DeviceKind.MIG, DeviceKind.CDI)
@@ -37,7 +34,7 @@ BOOKED_KINDS = (DeviceKind.GPU, DeviceKind.MIG, DeviceKind.CDI)
 @dataclass(frozen=True)
 class Listing:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     targets: Targets
     kubelet: KubeletBooks
@@ -88,7 +85,7 @@ class Listing:
         """Each hot-mounted device's idle time (the least, when several containers share it)."""
         now = time.time()
         found: dict[str, int] = {}
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             for entry in record.devices.values():
                 seconds = self.idle_reclaim.idle_for(record.key, entry, now)
                 if seconds is not None and self.idle_reclaim.is_gpu(entry):
@@ -100,7 +97,7 @@ class Listing:
         again as a holder of the kubelet's."""
         return {
             (entry.metadata.get("namespace", ""), pin)
-            for record in self.engine.ledger.records()
+            for record in self.engine.mounts.records()
             for entry in record.devices.values()
             if (pin := pin_of(entry.metadata))
         }
@@ -109,7 +106,7 @@ class Listing:
         """(container key, device key) to the pin its ledger entry names."""
         return {
             (record.key, entry.key): pin
-            for record in self.engine.ledger.records()
+            for record in self.engine.mounts.records()
             for entry in record.devices.values()
             if (pin := pin_of(entry.metadata))
         }
@@ -125,7 +122,7 @@ class Listing:
         containers = []
         hot: dict[str, list[Claim]] | None = None
         kubelet: list[KubeletHold] | None = None
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             # By UID too: a pod deleted and made again under its name is another pod, and
             # its predecessor's records stay until the next reconcile drops them.
             def ours(d: DeviceRecord) -> bool:
@@ -176,7 +173,7 @@ class Listing:
         GPUs are all suspended has no device mounted, and is still listed (as suspended)."""
         return {
             (meta["namespace"], meta["pod"])
-            for r in self.engine.ledger.records()
+            for r in self.engine.mounts.records()
             for meta in (
                 *(d.metadata for d in r.devices.values()),
                 *(s.device.metadata for s in r.suspended.values()),
@@ -201,7 +198,7 @@ class Listing:
 
     def container_devices(self, container_id: str) -> PodDevices:
         container = self.engine.resolve(container_id)
-        record = self.engine.ledger.load(container.key)
+        record = self.engine.mounts.record(container.key)
         devices = list(record.devices.values()) if record else []
         return PodDevices(
             containers=[
@@ -261,7 +258,7 @@ class Listing:
         """Every hot-mounted GPU, for the per-mount gauges (read at scrape time)."""
         now = time.time()
         samples = []
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             for entry in record.devices.values():
                 if not self.idle_reclaim.is_gpu(entry):
                     continue

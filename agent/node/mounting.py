@@ -34,19 +34,15 @@ from agent.node.results import (
 )
 from agent.node.targets import Targets
 from agent.schemas import ContainerMount, MountRequest, MountResult, UnmountResult
-from hotmount import engine as eng
-from hotmount.devices import companions
-from hotmount.devices.model import DeviceKind
-from hotmount.errors import HotmountError
-from hotmount.ledger import now
-from hotmount.results import MountResult as EngineMountResult
+from hotmount.api import DeviceKind, Engine, HotmountError, now, rdma_for
+from hotmount.api import MountResult as EngineMountResult
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Mounting:
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     metrics: Metrics
     locks: ContainerLocks
@@ -83,7 +79,7 @@ class Mounting:
                 if not request.force:
                     # The RDMA devices the engine will add ride along unnamed: the
                     # kubelet's books are checked for them as for the GPUs.
-                    riders = companions.rdma_for(
+                    riders = rdma_for(
                         self.engine.inventory, devices, rdma["with_rdma"], rdma["rdma"] or ()
                     )
                     checked = [*devices, *(nic for nic, _ in riders.values())]
@@ -339,7 +335,7 @@ class Mounting:
     def _mounted(self, container_id: str) -> tuple[list[str], list[str]]:
         """The GPUs hot-mounted into a container: by name, and by count (oldest first).
         RDMA devices are left out: they come and go with their GPUs."""
-        record = self.engine.ledger.load(container_id)
+        record = self.engine.mounts.record(container_id)
         devices = sorted(record.devices.values(), key=lambda d: d.mounted_at) if record else []
         gpus = [d for d in devices if d.kind != str(DeviceKind.RDMA)]
         by_count = [d.key for d in gpus if d.metadata.get("holder") and not pin_of(d.metadata)]

@@ -16,10 +16,7 @@ from agent.node.pins import pin_of
 from agent.node.results import device_label, measure, record_event, require_kube
 from agent.node.targets import Targets
 from agent.schemas import MountRequest, ReassignRequest, ReassignResult
-from hotmount import engine as eng
-from hotmount.devices.model import Device
-from hotmount.errors import HotmountError
-from hotmount.ledger import DeviceRecord
+from hotmount.api import Device, DeviceRecord, Engine, HotmountError
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +40,7 @@ class PinnedInNamespace(ApiError):
 
 @dataclass(frozen=True)
 class Moves:
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     metrics: Metrics
     locks: ContainerLocks
@@ -60,7 +57,7 @@ class Moves:
             )
             device = self.engine.inventory.resolve(request.device)
             assert source.container_id is not None and target.container_id is not None
-            record = self.engine.ledger.load(source.container_id)
+            record = self.engine.mounts.record(source.container_id)
             if record is None or device.key not in record.devices:
                 raise NotMounted(
                     f"device {device_label(device)} is not hot-mounted in "
@@ -145,7 +142,7 @@ class Moves:
     def _pin_serves_others(self, pin: str, container_id: str) -> bool:
         return any(
             d.metadata.get("holder") == pin
-            for record in self.engine.ledger.records()
+            for record in self.engine.mounts.records()
             if container_id not in (record.key, record.container_id)
             for d in record.devices.values()
         )

@@ -44,11 +44,7 @@ from agent.node.holders import (
 from agent.node.kubelet import KubeletBooks
 from agent.node.plugin_pins import PluginPins, is_blocker
 from agent.node.results import device_label, require_kube
-from hotmount import claims
-from hotmount import engine as eng
-from hotmount.claims import Claim
-from hotmount.devices.model import Device, DeviceKind
-from hotmount.suspend.model import gpu_uuid
+from hotmount.api import Claim, Device, DeviceKind, Engine, blocking_claims, claimed_error, gpu_uuid
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +81,7 @@ def pin_claim_manifest(
 @dataclass(frozen=True)
 class Pins:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     kubelet: KubeletBooks
     holders: HolderPods
@@ -170,9 +166,9 @@ class Pins:
         a hot-mount of the same GPU: the caller learns who has it, not just "pinned"."""
         group = f"{target.namespace}/{target.name}"
         new = Claim("", device.key, group, self.engine.inventory.footprint(device))
-        blockers = claims.blocking(new, self.engine.ledger.claims(), share)
+        blockers = blocking_claims(new, self.engine.mounts.claims(), share)
         if blockers:
-            raise claims.claimed_error(device, blockers)
+            raise claimed_error(device, blockers)
 
     def _own_pin(
         self, target: PodInfo, owners: set[tuple[str, str]], share: str | None

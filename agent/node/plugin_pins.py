@@ -36,8 +36,7 @@ from agent.kube.client import KubeClient, PodInfo
 from agent.node.holders import BLOCKER_PREFIX, Holder, HolderPods, Role, holder_manifest
 from agent.node.kubelet import KubeletBooks
 from agent.node.results import device_label, require_kube
-from hotmount import engine as eng
-from hotmount.devices.model import Device
+from hotmount.api import Device, Engine
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ class _Raced(Exception):
 @dataclass(frozen=True)
 class PluginPins:
     settings: AgentSettings
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     kubelet: KubeletBooks
     holders: HolderPods

@@ -25,16 +25,14 @@ from agent.node.holders import HolderPods
 from agent.node.idle_reclaim import IdleReclaim
 from agent.node.locks import ContainerLocks
 from agent.node.remounts import Remounts, named_holders
-from hotmount import engine as eng
-from hotmount.ledger import ContainerRecord
-from hotmount.results import ReconcileReport
+from hotmount.api import ContainerRecord, Engine, ReconcileReport
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ReconcilePass:
-    engine: eng.Engine
+    engine: Engine
     metrics: Metrics
     holders: HolderPods
     double_bookings: DoubleBookings
@@ -46,7 +44,7 @@ class ReconcilePass:
     background: Background
 
     def reconcile(self) -> ReconcileReport:
-        records = {r.key: r for r in self.engine.ledger.records()}
+        records = {r.key: r for r in self.engine.mounts.records()}
         before = self._named_holders()
         report = self.engine.reconcile(suspensions=False)
         self._repair_suspensions()  # after the pending ops: a suspension's unmount
@@ -65,7 +63,7 @@ class ReconcilePass:
         for kind, count in repairs.items():
             if count:
                 self.metrics.drift_repairs.labels(kind).inc(count)
-        self.metrics.managed_containers.set(len(self.engine.ledger.records()))
+        self.metrics.managed_containers.set(len(self.engine.mounts.records()))
         self.metrics.reconciles.labels("error" if report.errors else "ok").inc()
         deleted = self.holders.collect_orphan_holders()
         if deleted:
@@ -122,7 +120,7 @@ class ReconcilePass:
         """Each namespace's holder and pin pods that a mount, or a restarted container's
         intent, names."""
         named: dict[str, set[str]] = {}
-        for record in self.engine.ledger.records():
+        for record in self.engine.mounts.records():
             for d in record.devices.values():
                 namespace, holder = d.metadata.get("namespace"), d.metadata.get("holder")
                 if namespace and holder:

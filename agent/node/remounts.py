@@ -29,10 +29,16 @@ from agent.errors import ApiError, PodNotFound
 from agent.kube.client import KubeClient, PodInfo
 from agent.node.locks import ContainerLocks
 from agent.node.results import ONCE, POD_UID, record_event
-from hotmount import engine as eng
-from hotmount.claims import HOLDER_KEYS
-from hotmount.errors import DriverUnavailable, HotmountError
-from hotmount.ledger import ContainerRecord, DeviceRecord, Intent, now
+from hotmount.api import (
+    HOLDER_KEYS,
+    ContainerRecord,
+    DeviceRecord,
+    DriverUnavailable,
+    Engine,
+    HotmountError,
+    Intent,
+    now,
+)
 
 log = logging.getLogger(__name__)
 FINISHED = ("Succeeded", "Failed")  # a pod whose containers are never started again
@@ -40,7 +46,7 @@ FINISHED = ("Succeeded", "Failed")  # a pod whose containers are never started a
 
 @dataclass(frozen=True)
 class Remounts:
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     locks: ContainerLocks
 
@@ -148,7 +154,7 @@ class Remounts:
 
 
 def forget_devices(
-    engine: eng.Engine, namespace: str, pod: str, container: str | None, keys: set[str] | None
+    engine: Engine, namespace: str, pod: str, container: str | None, keys: set[str] | None
 ) -> tuple[str, list[str]] | None:
     """Take `keys` (None: all) out of the intents of the pod's container (None: any), for an
     unmount while the container is down. (The old container's ID, the keys taken), or None

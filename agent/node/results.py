@@ -13,11 +13,10 @@ from agent.errors import ApiError, BadRequest
 from agent.kube.client import ContainerInfo, KubeClient, PodInfo
 from agent.metrics import Metrics
 from agent.schemas import DeviceHolder, DriverAdded, MountedDevice, MountResult
-from hotmount import results as engine_results
-from hotmount.claims import Claim
-from hotmount.devices.model import Device
-from hotmount.errors import HotmountError
-from hotmount.ledger import DeviceRecord
+from hotmount.api import Claim, Device, DeviceRecord, HotmountError
+from hotmount.api import MountedDevice as EngineMountedDevice
+from hotmount.api import MountResult as EngineMountResult
+from hotmount.api import UnmountResult as EngineUnmountResult
 
 
 def require_kube(kube: KubeClient | None) -> KubeClient:
@@ -33,7 +32,7 @@ def record_event(
         kube.record_event(pod, reason, message, warning=warning)
 
 
-def unclassified_text(result: engine_results.UnmountResult) -> str:
+def unclassified_text(result: EngineUnmountResult) -> str:
     """For a log line or an Event: which processes a forced unmount stopped without a
     complete look at the container's open files, and why ("" where there were none)."""
     pids = result.unclassified_pids
@@ -68,9 +67,9 @@ def measure(metrics: Metrics, operation: str) -> Iterator[None]:
 
 
 def mount_result(
-    done: engine_results.MountResult, pod: PodInfo | None, container: ContainerInfo | None
+    done: EngineMountResult, pod: PodInfo | None, container: ContainerInfo | None
 ) -> MountResult:
-    def convert(items: list[engine_results.MountedDevice]) -> list[MountedDevice]:
+    def convert(items: list[EngineMountedDevice]) -> list[MountedDevice]:
         return [
             MountedDevice(key=m.key, kind=m.kind, index=m.index, uuid=m.uuid, paths=m.paths)
             for m in items

@@ -30,14 +30,8 @@ from agent.node.results import device_label, measure, record_event
 from agent.node.suspend_progress import InFlight, Op
 from agent.node.targets import Targets
 from agent.schemas import CheckpointedProcess, OperationProgress, ResumeResult, SuspendResult
-from hotmount import engine as eng
-from hotmount.devices.model import Device
-from hotmount.errors import DeviceClaimed
-from hotmount.ledger import DeviceRecord
-from hotmount.suspend.choose import NoGpuFree
-from hotmount.suspend.flow import Progress
-from hotmount.suspend.model import Listed
-from hotmount.suspend.model import ResumeResult as EngineResumeResult
+from hotmount.api import Device, DeviceClaimed, DeviceRecord, Engine, Listed, NoGpuFree, Progress
+from hotmount.api import ResumeResult as EngineResumeResult
 
 # The caller's check before a suspend takes a pod's GPUs from the processes holding them.
 TakeHeld = Callable[[PodInfo, int], None]
@@ -48,7 +42,7 @@ PIN_ATTEMPTS = 4
 
 @dataclass(frozen=True)
 class Suspending:
-    engine: eng.Engine
+    engine: Engine
     kube: KubeClient | None
     metrics: Metrics
     locks: ContainerLocks
@@ -59,9 +53,9 @@ class Suspending:
     in_flight: InFlight = field(default_factory=InFlight)  # what GET .../suspend answers
 
     def __post_init__(self) -> None:
-        ledger = self.engine.ledger
+        mounts = self.engine.mounts
         self.metrics.suspended_gpus.set_function(
-            lambda: sum(len(r.suspended) for r in ledger.records())
+            lambda: sum(len(r.suspended) for r in mounts.records())
         )
 
     def suspend_pod(
@@ -177,7 +171,7 @@ class Suspending:
         )
 
     def _suspended(self, container_id: str) -> dict[str, DeviceRecord]:
-        record = self.engine.ledger.load(container_id)
+        record = self.engine.mounts.record(container_id)
         return {k: s.device for k, s in record.suspended.items()} if record else {}
 
     def _taken(

@@ -69,7 +69,7 @@ async def metrics(request: Request) -> Response:
         if reader is not None:
             state.authorizer.require_path(reader, "get", "/metrics")
         node = state.node
-        node.metrics.managed_containers.set(len(node.engine.ledger.records()))
+        node.metrics.managed_containers.set(len(node.engine.mounts.records()))
         return Response(generate_latest(node.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return await anyio.to_thread.run_sync(scrape)

@@ -3,24 +3,61 @@ and the interfaces that no container record stands behind any more.
 
 Checks first, then the devices (the engine's mount, with its own rollback), then the
 interface; a failed move unmounts what this call mounted. Kept out of hotmount/engine.py,
-which drives it, as hotmount/netdev/moves.py keeps the moves themselves.
+which drives it, as hotmount/netdev/moves.py keeps the moves themselves; it uses the
+engine's public API alone (`Engine` below), so it imports no engine back.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from hotmount.containers import Container, ContainerRef
 from hotmount.devices import companions
+from hotmount.devices.inventory import Inventory
 from hotmount.errors import HotmountError
+from hotmount.ledger import Ledger
+from hotmount.netdev.moves import Netdevs
 from hotmount.netdev.plan import NetdevRefused, NetdevSpec
-from hotmount.results import MountResult, ReconcileReport
-
-if TYPE_CHECKING:
-    from hotmount.engine import Engine
+from hotmount.results import MountResult, ReconcileReport, UnmountResult
+from hotmount.session import Session
 
 log = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    """What an interface's mount uses of hotmount/engine.py's Engine: its public API."""
+
+    @property
+    def inventory(self) -> Inventory: ...
+    @property
+    def ledger(self) -> Ledger: ...
+    @property
+    def netdevs(self) -> Netdevs: ...
+
+    def resolve(self, ref: str | ContainerRef) -> Container: ...
+
+    def session(
+        self, ref: str | ContainerRef | Container, *, locked: bool = False
+    ) -> AbstractContextManager[Session]: ...
+
+    def mount(
+        self,
+        ref: Container,
+        device_refs: list[str],
+        force: bool = False,
+        metadata: dict[str, str] | None = None,
+        *,
+        group: str | None = None,
+        share_with: str | None = None,
+        with_rdma: bool = False,
+        rdma: list[str] | None = None,
+        device_metadata: dict[str, dict[str, str]] | None = None,
+        with_driver: bool | None = None,
+    ) -> MountResult: ...
+
+    def unmount(self, ref: Container, device_refs: list[str]) -> UnmountResult: ...
 
 
 def mount_with_netdev(
@@ -43,11 +80,10 @@ def mount_with_netdev(
     check_owner(engine, name, mounting, options["group"] or container.key)
     result = engine.mount(container, device_refs, **options)
     try:
-        container, alive = engine._enter(container)
-        with alive, engine.ledger.lock(container.key):
+        with engine.session(container, locked=True) as session:
             keys = [*(d.key for d in devices), *riders]
             engine.netdevs.attach(
-                container.key, container.init_pid, alive.start_time, spec, name, keys
+                session.key, session.container.init_pid, session.start_time, spec, name, keys
             )
     except BaseException:
         if result.mounted:

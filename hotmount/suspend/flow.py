@@ -23,21 +23,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol
 
-from hotmount import liveness, plan
+from hotmount import plan
+from hotmount.claims import Claim
+from hotmount.config import EngineConfig
 from hotmount.containers import Container, ContainerRef
+from hotmount.devices.inventory import Inventory
 from hotmount.errors import HotmountError, KernelError
-from hotmount.ledger import ContainerRecord, CudaProcess, SuspendedGpu, Suspension, now
+from hotmount.hostfs import HostRoot
+from hotmount.inuse import UseCheck
+from hotmount.ledger import ContainerRecord, CudaProcess, Ledger, SuspendedGpu, Suspension, now
+from hotmount.results import MountResult, ReconcileReport, UnmountResult
+from hotmount.session import Session, Sessions
 from hotmount.suspend import choose, memory, nvml
 from hotmount.suspend.cuda import CheckpointApi, CudaError, find_libcuda
 from hotmount.suspend.model import ResumeResult, SuspendResult, gpu_uuid, listing
 from hotmount.usage import Pinned
-
-if TYPE_CHECKING:
-    from hotmount.engine import Engine
-    from hotmount.results import ReconcileReport
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,45 @@ DEFAULT_LOCK_TIMEOUT = 10.0  # seconds a process may take to drain its GPU work 
 
 def _quiet(event: str, details: dict[str, object]) -> None:
     return None
+
+
+class Engine(Protocol):
+    """What a suspension uses of hotmount/engine.py's Engine: its public API alone (so
+    this module does not import the engine that builds it)."""
+
+    @property
+    def config(self) -> EngineConfig: ...
+    @property
+    def host(self) -> HostRoot: ...
+    @property
+    def driver_host(self) -> HostRoot: ...
+    @property
+    def inventory(self) -> Inventory: ...
+    @property
+    def ledger(self) -> Ledger: ...
+    @property
+    def use(self) -> UseCheck: ...
+    @property
+    def sessions(self) -> Sessions: ...
+
+    def session(
+        self, ref: str | ContainerRef | Container, *, locked: bool = False
+    ) -> AbstractContextManager[Session]: ...
+
+    def holders(self) -> dict[str, list[Claim]]: ...
+
+    def mount(
+        self,
+        ref: Container,
+        device_refs: list[str],
+        *,
+        metadata: dict[str, str] | None = None,
+        group: str | None = None,
+        share_with: str | None = None,
+        device_metadata: dict[str, dict[str, str]] | None = None,
+    ) -> MountResult: ...
+
+    def unmount(self, ref: Container, device_refs: list[str]) -> UnmountResult: ...
 
 
 class Suspender:
@@ -86,8 +128,8 @@ class Suspender:
         agent's `force` check: taking a GPU from its holders is what a forced unmount
         does). None: no one to ask (the idle policy `suspend`, the pod's own choice)."""
         engine = self.engine
-        container, alive = engine._enter(ref)
-        with alive, self._suspend_lock(container.key):
+        with engine.session(ref) as session, self._suspend_lock(session.key):
+            container = session.container
             record = self._finish_first(container)
             if record is not None and record.suspended:
                 raise choose.AlreadySuspended(
@@ -108,16 +150,16 @@ class Suspender:
                 )
             leaving = plan.nodes_to_remove(record, keys)
             numbers = {(n.major, n.minor) for n in leaving}
-            own = liveness.pid_namespace(engine._proc, container.init_pid)
+            own = engine.sessions.pid_namespace(container.init_pid)
             with Pinned.pin(container.pids) as pinned:
                 found = {h.pid for h in pinned.holders(engine.host.proc, numbers)}
                 found |= set(view.processes) & set(pinned.pids)
                 processes = [
                     CudaProcess(
                         pid=pid,
-                        start_time=liveness.start_time(engine._proc, pid),
+                        start_time=engine.sessions.start_time(pid),
                         gpu_bytes=view.processes.get(pid, 0),
-                        container_pid=liveness.pid_in(engine._proc, pid, own),
+                        container_pid=engine.sessions.pid_in(pid, own),
                     )
                     for pid in sorted(found)
                 ]
@@ -256,8 +298,8 @@ class Suspender:
         """Old key -> the key of the GPU a resume would mount now (`onto`, `unavailable`
         as for `resume`), with every refusal `resume` would give, and nothing changed: the
         agent pins those GPUs first (agent/node/suspending.py), then resumes onto them."""
-        container, alive = self.engine._enter(ref)
-        with alive, self._suspend_lock(container.key):
+        with self.engine.session(ref) as session, self._suspend_lock(session.key):
+            container = session.container
             record = self._finish_first(container)
             _, chosen, _ = self._decide(container, record, onto, unavailable)
             return {old: c.key for old, c in chosen.items()}
@@ -275,9 +317,8 @@ class Suspender:
         keys the caller knows are taken (the kubelet gave them to another pod); `pins`:
         metadata recorded with each GPU mounted, by its key (its pin pod, made by the
         caller: agent/node/pins.py), so the mount names it as a mount by name does."""
-        engine = self.engine
-        container, alive = engine._enter(ref)
-        with alive, self._suspend_lock(container.key):
+        with self.engine.session(ref) as session, self._suspend_lock(session.key):
+            container = session.container
             record = self._finish_first(container)
             api, chosen, moves = self._decide(container, record, onto, unavailable)
             assert record is not None
@@ -430,7 +471,7 @@ class Suspender:
         steps, and a container that is gone is the engine's reconcile's to forget. Its
         restores may take minutes (a deadline of ten per process): the agent runs this
         beside its reconcile pass, not in it (agent/node/background.py)."""
-        container = self.engine._live(record)
+        container = self.engine.sessions.live(record)
         if container is None:
             return False
         try:
@@ -494,7 +535,7 @@ class Suspender:
         out = []
         for process in processes:
             try:
-                same = liveness.start_time(self.engine._proc, process.pid) == process.start_time
+                same = self.engine.sessions.start_time(process.pid) == process.start_time
             except HotmountError:
                 continue
             if same and process.pid in members:

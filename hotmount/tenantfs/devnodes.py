@@ -44,15 +44,12 @@ import stat
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypedDict
+from typing import Protocol, TypedDict
 
 from hotmount.devices.model import DeviceNode
 from hotmount.errors import ContainerNotFound, KernelError, UnsafePath
 from hotmount.tenantfs import forked, mounts, procfs
 from hotmount.tenantfs.resolve import open_at, openat2_available
-
-if TYPE_CHECKING:
-    from hotmount.containers import Container
 
 CLONE_NEWNS = 0x00020000
 DIR_MODE = 0o755
@@ -93,6 +90,16 @@ def _split(path: str) -> tuple[str, str]:
     if not name or name in (".", ".."):
         raise UnsafePath(f"{path!r} is not a node path")
     return parent or "/", name
+
+
+class Resolved(Protocol):
+    """What the door needs of a resolved container (hotmount.containers.Container, which
+    imports this package: a Protocol keeps the import graph one way)."""
+
+    @property
+    def init_pid(self) -> int: ...
+
+    def owns(self, proc_cgroup: bytes) -> bool: ...
 
 
 class ContainerFs(Protocol):
@@ -452,7 +459,7 @@ def _child_dir(open_: Opener, path: str, create: bool) -> int | None:  # pragma:
     return fd
 
 
-def open_container_fs(proc: str | Path, container: Container, method: str = "auto") -> ContainerFs:
+def open_container_fs(proc: str | Path, container: Resolved, method: str = "auto") -> ContainerFs:
     """The container's device nodes through its init, pinned and proven to be in the
     container's cgroups (a PID reused since the container was resolved is refused).
     `auto` takes openat2 where the kernel has it; `openat2`/`setns` force one."""

@@ -1,0 +1,127 @@
+"""The engine's declared public API: all that `agent` and `cli` may import from
+`hotmount` (an import-linter contract in pyproject.toml says so; `hotmount.wire`, the
+wire models, is the one other door).
+
+What is here: the engine and its config; its errors; the device, record and result
+types; a read-only view of mounts (`Engine.mounts`); and the few helpers the agent
+shares with the engine (claim rules, RDMA companions, the look at a GPU's holders, the
+bounded children's deadline). Everything else in `hotmount` may change without notice.
+"""
+
+from hotmount.activity import ActivitySampler, GpuActivity
+from hotmount.claims import HOLDER_KEYS, Claim, Footprint, claimed_error
+from hotmount.claims import blocking as blocking_claims
+from hotmount.config import DEFAULT_STATE_DIR, EngineConfig
+from hotmount.devices.companions import rdma_for
+from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
+from hotmount.devices.model import Device, DeviceKind, DeviceNode, MigDetails
+from hotmount.devices.rdma import RDMA_NODE_DIR, is_rdma
+from hotmount.engine import Engine
+from hotmount.errors import (
+    ChildTimeout,
+    Conflict,
+    ContainerNotFound,
+    DeviceBusy,
+    DeviceClaimed,
+    DeviceNotFound,
+    DriverRefused,
+    DriverUnavailable,
+    HeldWithStayingDevices,
+    HotmountError,
+    InvalidContainerRef,
+    InvalidDeviceRef,
+    InvalidRequest,
+    KernelError,
+    NotFound,
+    NotInContainer,
+    ScanIncomplete,
+    UnsafePath,
+)
+from hotmount.ledger import (
+    ContainerRecord,
+    DeviceRecord,
+    Intent,
+    SuspendedGpu,
+    atomic_write,
+    now,
+)
+from hotmount.netdev.plan import DEFAULT_INSIDE_NAME, NetdevSpec
+from hotmount.results import (
+    ContainerStatus,
+    MountedDevice,
+    MountResult,
+    ReconcileReport,
+    UnmountResult,
+)
+from hotmount.suspend.choose import NoGpuFree
+from hotmount.suspend.flow import DEFAULT_LOCK_TIMEOUT, Progress
+from hotmount.suspend.model import Listed, ResumeResult, SuspendResult, gpu_uuid
+from hotmount.tenantfs.forked import last_finished, set_default_deadline
+from hotmount.usage import look as scan_holders
+from hotmount.usage import nvml_pids
+from hotmount.view import Mounts
+
+__all__ = [
+    "DEFAULT_CDI_DIRS",
+    "DEFAULT_INSIDE_NAME",
+    "DEFAULT_LOCK_TIMEOUT",
+    "DEFAULT_STATE_DIR",
+    "HOLDER_KEYS",
+    "RDMA_NODE_DIR",
+    "ActivitySampler",
+    "ChildTimeout",
+    "Claim",
+    "Conflict",
+    "ContainerNotFound",
+    "ContainerRecord",
+    "ContainerStatus",
+    "Device",
+    "DeviceBusy",
+    "DeviceClaimed",
+    "DeviceKind",
+    "DeviceNode",
+    "DeviceNotFound",
+    "DeviceRecord",
+    "DriverRefused",
+    "DriverUnavailable",
+    "Engine",
+    "EngineConfig",
+    "Footprint",
+    "GpuActivity",
+    "HeldWithStayingDevices",
+    "HotmountError",
+    "Intent",
+    "InvalidContainerRef",
+    "InvalidDeviceRef",
+    "InvalidRequest",
+    "Inventory",
+    "KernelError",
+    "Listed",
+    "MigDetails",
+    "MountResult",
+    "MountedDevice",
+    "Mounts",
+    "NetdevSpec",
+    "NoGpuFree",
+    "NotFound",
+    "NotInContainer",
+    "Progress",
+    "ReconcileReport",
+    "ResumeResult",
+    "ScanIncomplete",
+    "SuspendResult",
+    "SuspendedGpu",
+    "UnmountResult",
+    "UnsafePath",
+    "atomic_write",
+    "blocking_claims",
+    "claimed_error",
+    "gpu_uuid",
+    "is_rdma",
+    "last_finished",
+    "now",
+    "nvml_pids",
+    "rdma_for",
+    "scan_holders",
+    "set_default_deadline",
+]
