@@ -15,6 +15,7 @@ answer, counted as such (agent/node/results.py `measure_failure`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,12 +60,12 @@ def place(
     caller: Identity,
     ask: Ask,
     operation: str | None,
-    forwarded_body: Any,
+    sent: Callable[[], Any],
     look: bool = True,
 ) -> Call:
     """The call, to run here; or `Forwarded` raised with the pod's node's answer.
-    `operation`: its name in the metrics (None: a read, not counted); `look`: False when
-    the call is answered here without a look at the pod."""
+    `operation`: its name in the metrics (None: a read, not counted); `sent`: the body a
+    forward sends on; `look`: False when the call is answered here with no look at the pod."""
     state = request.app.state
     node: Node = state.node
     authz: Authorizer = state.authorizer
@@ -85,7 +86,7 @@ def place(
         where = elsewhere.node_name or ""
         why = f"pod {elsewhere.namespace}/{elsewhere.name} runs on node {where}"
         gateway: Gateway | None = state.gateway
-        answer = Forwarded(forward(request, caller, gateway, where, why, forwarded_body))
+        answer = Forwarded(forward(request, caller, gateway, where, why, sent()))
     if operation is not None:
         node.metrics.operations.labels(operation, "forwarded").inc()
     raise answer

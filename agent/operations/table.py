@@ -102,7 +102,7 @@ def _route(router: APIRouter, op: Operation, face: Face, model: Any) -> None:
         op.check(request.app.state.authorizer, caller, ask)
         look = op.answered_here is None or not op.answered_here(node, ask)
         try:
-            return place(request, caller, ask, op.metric, face.sent(args, ask), look)
+            return place(request, caller, ask, op.metric, lambda: face.sent(args, ask), look)
         except Forwarded as forwarded:
             if face.deliver is None:
                 raise
