@@ -1,4 +1,5 @@
-"""FastAPI dependencies: the use cases, the caller's identity, the authorizer, the gateway.
+"""FastAPI dependencies: the use cases, the caller's identity, the authorizer, the gateway
+(the operation table's routes get theirs from agent/operations/placement.py).
 
 They are `async def`: FastAPI runs a plain `def` dependency in a worker thread, and a
 thread hop per dependency per request costs more than the work. None of them blocks
@@ -15,7 +16,7 @@ from fastapi import Depends, Request
 
 from agent.auth import Authenticator, Authorizer, CallerContext, Identity
 from agent.gateway import Gateway
-from agent.node import listing, mounting, moves, suspending
+from agent.node import listing, mounting
 
 PEER_CERT_KEY = "hotmount.peer_cert"
 PEER_UID_KEY = "hotmount.peer_uid"
@@ -54,16 +55,6 @@ async def _mounting(request: Request) -> mounting.Mounting:
     return use_case
 
 
-async def _suspending(request: Request) -> suspending.Suspending:
-    use_case: suspending.Suspending = request.app.state.node.suspending
-    return use_case
-
-
-async def _moves(request: Request) -> moves.Moves:
-    use_case: moves.Moves = request.app.state.node.moves
-    return use_case
-
-
 async def _listing(request: Request) -> listing.Listing:
     use_case: listing.Listing = request.app.state.node.listing
     return use_case
@@ -81,8 +72,6 @@ async def _gateway(request: Request) -> Gateway | None:
 
 Caller = Annotated[Identity, Depends(request_identity)]
 Mounting = Annotated[mounting.Mounting, Depends(_mounting)]
-Moves = Annotated[moves.Moves, Depends(_moves)]
-Suspending = Annotated[suspending.Suspending, Depends(_suspending)]
 Listing = Annotated[listing.Listing, Depends(_listing)]
 Authz = Annotated[Authorizer, Depends(_authorizer)]
 Gate = Annotated[Gateway | None, Depends(_gateway)]

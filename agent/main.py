@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from agent import aggregated, logs, server
+from agent import aggregated, logs, operations, server
 from agent.auth import Authenticator, Authorizer, FrontProxyTrust
 from agent.config import AgentSettings, load_settings
 from agent.errors import ApiError, TooManyRequests, UpstreamError, status_of
@@ -38,7 +38,7 @@ from agent.metrics import Metrics
 from agent.node import Node
 from agent.node.reconcile import ReconcilePass
 from agent.podresources import PodResourcesClient
-from agent.routes import containers, devices, health, pods
+from agent.routes import containers, devices, forwarding, health
 from agent.schemas import Status
 from hotmount.api import Engine, EngineConfig, HotmountError, ReconcileReport, set_default_deadline
 
@@ -149,11 +149,14 @@ def create_app(
     app.include_router(health.router)
     app.include_router(devices.router)
     if settings.kubernetes:
-        app.include_router(pods.router)
+        v1, aggregated_operations = operations.routers()
+        app.include_router(v1)
         app.include_router(aggregated.router)
+        app.include_router(aggregated_operations)
     else:
         app.include_router(containers.router)
     _install_error_handlers(app)
+    forwarding.install(app)
     limits = Limits(
         settings.max_body_bytes,
         settings.max_requests,

@@ -132,9 +132,12 @@ class _GpuStateCollector(Collector):
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # `forwarded`: sent on to the pod's node's agent, which counts its real result; a
+        # call is counted once per agent, never as an error where it was only passed on.
         self.operations = Counter(
             "hotmount_operations_total",
-            "Mounts, unmounts and reassigns by result",
+            "Mounts, unmounts, suspends, resumes and reassigns by result (success, conflict, "
+            "error, forwarded: done by the agent of the pod's node)",
             ["operation", "result"],
             registry=self.registry,
         )

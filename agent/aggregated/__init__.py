@@ -24,16 +24,18 @@ cluster-scoped (`nodedevices`): it shows holders in every namespace.
 
 One module per resource (gpumounts, nodedevices, reassignments) and one for discovery;
 objects.py writes the wire shapes they share, answers.py a list (with the other nodes'
-part) or a get, as JSON or as kubectl's Table.
+part) or a get, as JSON or as kubectl's Table. The operations on one pod (a GPUMount's
+create, get, patch, delete, suspend and resume; a Reassignment) are rows of the
+operation table, which makes their routes here and in /v1 (agent/operations/).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from agent.aggregated import discovery, gpumounts, nodedevices, reassignments, suspensions
+from agent.aggregated import discovery, gpumounts, nodedevices
 
 # In the order the routes were always registered; no two of their paths overlap.
 router = APIRouter()
-for part in (discovery, gpumounts, nodedevices, reassignments, suspensions):
+for part in (discovery, gpumounts, nodedevices):
     router.include_router(part.router)

@@ -11,10 +11,9 @@ from fastapi import APIRouter, Request
 from agent.aggregated.answers import Include, list_answer, one_answer
 from agent.aggregated.objects import PREFIX, VERSION, kube_object
 from agent.deps import Authz, Caller, Gate, Listing
-from agent.errors import NotOnThisNode
 from agent.gateway import LOCAL_ONLY
 from agent.node import listing as node_listing
-from agent.routes.forwarding import local_or_forward
+from agent.routes.forwarding import forward
 from agent.routes.pods import PodName
 
 router = APIRouter(prefix=PREFIX, tags=["aggregated"])
@@ -58,10 +57,8 @@ def get_node_devices(
 ) -> Any:
     authz.require(caller, "get", name=node, resource="nodedevices")
 
-    def get() -> dict[str, Any]:
-        if listing.node_name and node != listing.node_name:
-            raise NotOnThisNode(f"node {node} is not this agent's", node)
-        return _node_devices(listing, node)
-
-    answer = local_or_forward(get, request, caller, gateway)
+    if listing.node_name and node != listing.node_name:  # its node's agent answers
+        answer: Any = forward(request, caller, gateway, node, f"node {node} is not this agent's")
+    else:
+        answer = _node_devices(listing, node)
     return one_answer(request, "NodeDevices", answer, include)

@@ -1,26 +1,16 @@
-"""Reassignment: create, a move of devices from one pod to another. Namespaced for a
-move within one namespace (what a RoleBinding allows), cluster-scoped for a move across
-namespaces (what the API server lets through only with a ClusterRoleBinding)."""
+"""Reassignment's bodies: namespaced for a move within one namespace (what a RoleBinding
+allows), cluster-scoped for a move across namespaces (what the API server lets through
+only with a ClusterRoleBinding). Its routes are the table's (agent/operations/reassign.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.aggregated.objects import GROUP_VERSION, PREFIX, VERSION, kube_object
-from agent.auth import Authorizer, Identity
-from agent.deps import Authz, Caller, Gate, Moves
+from agent.aggregated.objects import GROUP_VERSION, PREFIX, VERSION
 from agent.errors import BadRequest
-from agent.gateway import Gateway
-from agent.node import moves as node_moves
-from agent.routes.forwarding import local_or_forward
-from agent.routes.pods import Namespace
 from agent.schemas import KubeName, PodRef, ReassignRequest
-
-router = APIRouter(prefix=PREFIX, tags=["aggregated"])
 
 
 class ReassignmentBody(BaseModel):
@@ -63,58 +53,3 @@ class NamespacedReassignmentBody(ReassignmentBody):
             refs[side] = {**ref.model_dump(exclude_none=True), "namespace": namespace}
         spec = self.spec.model_dump(by_alias=True, exclude_none=True)
         return ReassignRequest.model_validate({**spec, **refs})
-
-
-@router.post(f"/{VERSION}/namespaces/{{namespace}}/reassignments", status_code=201)
-def create_namespaced_reassignment(
-    namespace: Namespace,
-    body: NamespacedReassignmentBody,
-    request: Request,
-    caller: Caller,
-    authz: Authz,
-    moves: Moves,
-    gateway: Gate,
-) -> Any:
-    """A move between two pods of one namespace: what a RoleBinding can allow."""
-    return _reassign(body.within(namespace), request, caller, authz, moves, gateway, namespace)
-
-
-@router.post(f"/{VERSION}/reassignments", status_code=201)
-def create_reassignment(
-    body: ReassignmentBody,
-    request: Request,
-    caller: Caller,
-    authz: Authz,
-    moves: Moves,
-    gateway: Gate,
-) -> Any:
-    """A move across namespaces: the API server asked for a ClusterRoleBinding already."""
-    return _reassign(body.spec, request, caller, authz, moves, gateway)
-
-
-def _reassign(
-    spec: ReassignRequest,
-    request: Request,
-    caller: Identity,
-    authz: Authorizer,
-    moves: node_moves.Moves,
-    gateway: Gateway | None,
-    namespace: str | None = None,
-) -> Any:
-    """Every permission before any work: delete on the source, create on the target, and
-    force on both when forced."""
-    source, target = (spec.from_.namespace, spec.from_.pod), (spec.to.namespace, spec.to.pod)
-    authz.require(caller, "delete", *source)
-    authz.require(caller, "create", *target)
-    authz.require_force(caller, spec.force, source, target)
-    wire = spec.model_dump(by_alias=True, exclude_none=True)
-
-    def reassign() -> dict[str, Any]:
-        result = moves.reassign(spec, caller.name)
-        return kube_object(
-            "Reassignment", f"{spec.from_.pod}-to-{spec.to.pod}", result, namespace, spec=wire
-        )
-
-    body = {"apiVersion": GROUP_VERSION, "kind": "Reassignment", "spec": wire}
-    answer = local_or_forward(reassign, request, caller, gateway, body)
-    return answer if isinstance(answer, Response) else JSONResponse(answer, status_code=201)

@@ -111,10 +111,11 @@ class Listing:
             if (pin := pin_of(entry.metadata))
         }
 
-    def pod_devices_here(self, namespace: str, pod: str) -> PodDevices:
-        """A pod's mounts, once the pod is known to live on this node (NotOnThisNode
-        otherwise, for the route to forward)."""
-        self.targets.node_check(namespace, pod)
+    def pod_devices_here(self, namespace: str, pod: str, located: bool = False) -> PodDevices:
+        """A pod's mounts, once the pod is known to live on this node: `located` by the
+        route's placement, or checked here (NotOnThisNode otherwise)."""
+        if not located:
+            self.targets.node_check(namespace, pod)
         return self.pod_devices(namespace, pod)
 
     def pod_devices(self, namespace: str, pod: str) -> PodDevices:

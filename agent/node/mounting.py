@@ -53,9 +53,18 @@ class Mounting:
     idle_reclaim: IdleReclaim
     desired: DesiredMounts
 
-    def mount_pod(self, namespace: str, pod: str, request: MountRequest, user: str) -> MountResult:
+    def mount_pod(
+        self,
+        namespace: str,
+        pod: str,
+        request: MountRequest,
+        user: str,
+        found: PodInfo | None = None,
+    ) -> MountResult:
+        """`found`: the pod, as the route's placement looked it up (on this node)."""
         with measure(self.metrics, "mount"):
-            info, containers = self.targets.containers(namespace, pod, request.container_names())
+            wanted = request.container_names()
+            info, containers = self.targets.containers(namespace, pod, wanted, found)
             group = f"{namespace}/{pod}"  # containers of one pod share without asking
             share = self.targets.share_group(info, request)
             extra = self.idle_reclaim.idle_meta(request, info.annotations)
@@ -215,11 +224,13 @@ class Mounting:
         force: bool,
         user: str,
         keep_holders: bool = False,
+        found: PodInfo | None = None,
     ) -> UnmountResult:
-        """`keep_holders`: a move hands the pin over instead of deleting it."""
+        """`keep_holders`: a move hands the pin over instead of deleting it; `found`: the
+        pod, as the route's placement looked it up (on this node)."""
         with measure(self.metrics, "unmount"):
             try:
-                info, chosen = self.targets.container(namespace, pod, container)
+                info, chosen = self.targets.container(namespace, pod, container, found)
             except PodNotRunning:
                 kept = self._unmount_kept(namespace, pod, container, devices)
                 if kept is None:
@@ -290,6 +301,7 @@ class Mounting:
         spec: dict[str, Any],
         annotations: dict[str, str],
         user: str,
+        found: PodInfo | None = None,
     ) -> DesiredMount:
         """Make the pod's container have what `spec` says (kubectl apply): mount what is
         missing first, then unmount what is not wanted, so a failed mount changes
@@ -299,7 +311,7 @@ class Mounting:
         names = request.container_names()
         if len(names) != 1 or names == ["*"]:
             raise BadRequest("a GPUMount spec names one container (container), or none")
-        info, container = self.targets.container(namespace, pod, names[0])
+        info, container = self.targets.container(namespace, pod, names[0], found)
         assert container.container_id is not None
         named, by_count = self._mounted(container.container_id)
         wanted = (
@@ -310,15 +322,20 @@ class Mounting:
         change = difference(wanted, request.count, named, by_count)
         one = {"container": container.name, "containers": None}
         if change.mount:
-            self.mount_pod(
-                namespace, pod, request.model_copy(update={**one, "devices": change.mount}), user
-            )
+            by_name = request.model_copy(update={**one, "devices": change.mount})
+            self.mount_pod(namespace, pod, by_name, user, found)
         if change.mount_count:
             again = request.model_copy(update={**one, "count": change.mount_count})
-            self.mount_pod(namespace, pod, again, user)
+            self.mount_pod(namespace, pod, again, user, found)
         if change.unmount:
             self.unmount_pod(
-                namespace, pod, change.unmount, container=container.name, force=False, user=user
+                namespace,
+                pod,
+                change.unmount,
+                container=container.name,
+                force=False,
+                user=user,
+                found=found,
             )
         before = self.desired.get(namespace, pod, info.uid)
         desired = DesiredMount(

@@ -47,13 +47,20 @@ class Moves:
     targets: Targets
     mounting: Mounting
 
-    def reassign(self, request: ReassignRequest, user: str) -> ReassignResult:
+    def reassign(
+        self,
+        request: ReassignRequest,
+        user: str,
+        found: tuple[PodInfo | None, PodInfo | None] = (None, None),
+    ) -> ReassignResult:
+        """`found`: the source and target pods as the route's placement looked them up
+        (on this node; None: looked up here)."""
         with measure(self.metrics, "reassign"):
             source_pod, source = self.targets.container(
-                request.from_.namespace, request.from_.pod, request.from_.container
+                request.from_.namespace, request.from_.pod, request.from_.container, found[0]
             )
             target_pod, target = self.targets.container(
-                request.to.namespace, request.to.pod, request.to.container
+                request.to.namespace, request.to.pod, request.to.container, found[1]
             )
             device = self.engine.inventory.resolve(request.device)
             assert source.container_id is not None and target.container_id is not None
@@ -104,6 +111,7 @@ class Moves:
                     force=request.force,
                     user=user,
                     keep_holders=pin is not None,
+                    found=source_pod,
                 )
                 try:
                     if pin is not None:  # the pin follows: the GPU never looks free
@@ -116,6 +124,7 @@ class Moves:
                             container=target.name, devices=[device.key], force=request.force
                         ),
                         user,
+                        target_pod,
                     )
                 except Exception as exc:
                     if pin is not None:

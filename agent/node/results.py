@@ -46,24 +46,47 @@ def unclassified_text(result: EngineUnmountResult) -> str:
     )
 
 
-@contextmanager
-def measure(metrics: Metrics, operation: str) -> Iterator[None]:
-    started = time.perf_counter()
-    try:
-        yield
-    except (ApiError, HotmountError) as exc:
+def count_failure(metrics: Metrics, operation: str, exc: Exception) -> None:
+    """A call that failed here: `conflict` or `error`, and the reason the caller was given."""
+    if isinstance(exc, ApiError | HotmountError):
         code = getattr(exc, "code", None) or getattr(exc, "http_status", 500)
         metrics.operations.labels(operation, "conflict" if code == 409 else "error").inc()
         reason = getattr(exc, "reason", None) or type(exc).__name__
         metrics.refused.labels(operation, reason).inc()
-        raise
-    except Exception:
+    else:
         metrics.operations.labels(operation, "error").inc()
+
+
+@contextmanager
+def measure(metrics: Metrics, operation: str) -> Iterator[None]:
+    """Counts and times an operation done here: entered once its pod is known to be on
+    this node (a call forwarded to the pod's node is counted as `forwarded` instead,
+    agent/operations/placement.py)."""
+    started = time.perf_counter()
+    try:
+        yield
+    except Exception as exc:
+        count_failure(metrics, operation, exc)
         raise
     else:
         metrics.operations.labels(operation, "success").inc()
     finally:
         metrics.latency.labels(operation).observe(time.perf_counter() - started)
+
+
+@contextmanager
+def measure_failure(metrics: Metrics, operation: str | None) -> Iterator[None]:
+    """Counts and times a call that fails before its operation starts (the pod's lookup,
+    the forward): the caller's refusal is this agent's answer. Success counts nothing:
+    the operation, here or on the pod's node, counts itself."""
+    started = time.perf_counter()
+    try:
+        yield
+    except Exception as exc:
+        if operation is not None:
+            count_failure(metrics, operation, exc)
+            metrics.latency.labels(operation).observe(time.perf_counter() - started)
+        raise
 
 
 def mount_result(

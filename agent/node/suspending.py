@@ -66,12 +66,14 @@ class Suspending:
         lock_timeout: float,
         user: str,
         may_take: TakeHeld,
+        found: PodInfo | None = None,
     ) -> SuspendResult:
         """`may_take(pod, n)`: the caller's check before the suspension takes the GPUs
         from the `n` processes found holding them (the routes': `force` on the pod);
-        raising refuses it with nothing changed. Not asked when no process holds them."""
+        raising refuses it with nothing changed. Not asked when no process holds them.
+        `found`: the pod, as the route's placement looked it up (on this node)."""
         with measure(self.metrics, "suspend"):
-            info, chosen = self.targets.container(namespace, pod, container)
+            info, chosen = self.targets.container(namespace, pod, container, found)
             assert chosen.container_id is not None
             with (
                 self.locks.hold(chosen.container_id),
@@ -108,10 +110,16 @@ class Suspending:
             )
 
     def resume_pod(
-        self, namespace: str, pod: str, container: str | None, onto: list[str] | None, user: str
+        self,
+        namespace: str,
+        pod: str,
+        container: str | None,
+        onto: list[str] | None,
+        user: str,
+        found: PodInfo | None = None,
     ) -> ResumeResult:
         with measure(self.metrics, "resume"):
-            info, chosen = self.targets.container(namespace, pod, container)
+            info, chosen = self.targets.container(namespace, pod, container, found)
             assert chosen.container_id is not None
             wanted = [self.engine.inventory.resolve(ref).key for ref in onto or []] or None
             with (
@@ -188,14 +196,20 @@ class Suspending:
         return frozenset(taken - unavailable)
 
     def progress(
-        self, namespace: str, pod: str, op: Op, container: str | None
+        self, namespace: str, pod: str, op: Op, container: str | None, located: bool = False
     ) -> OperationProgress:
-        """The suspend or resume of the pod running here, if any; a pod on another node
-        is that node's agent's to answer (NotOnThisNode: the route forwards)."""
+        """The suspend or resume of the pod running here, if any. Unless the route's
+        placement `located` the pod on this node already, one that is not running here
+        must be this node's pod (NotOnThisNode otherwise)."""
         found = self.in_flight.look(namespace, pod, op, container)
-        if not found.running:
+        if not found.running and not located:
             self.targets.node_check(namespace, pod)
         return found
+
+    def running(self, namespace: str, pod: str, op: Op, container: str | None) -> bool:
+        """Whether that suspend or resume runs here now: then its progress is answered here
+        with no look at the pod (a polled GET costs the API server nothing)."""
+        return self.in_flight.look(namespace, pod, op, container).running
 
     def _allocated_elsewhere(self, target: PodInfo) -> frozenset[str]:
         """GPUs the kubelet gave another running pod: never resumed onto."""

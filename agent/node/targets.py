@@ -18,9 +18,10 @@ class Targets:
     kube: KubeClient | None
 
     def container(
-        self, namespace: str, pod: str, container: str | None
+        self, namespace: str, pod: str, container: str | None, found: PodInfo | None = None
     ) -> tuple[PodInfo, ContainerInfo]:
-        info = self.node_check(namespace, pod)
+        """`found`: the pod as the route's placement looked it up, on this node."""
+        info = found or self.node_check(namespace, pod)
         if info.phase != "Running":
             raise PodNotRunning(f"pod {namespace}/{pod} is {info.phase}, not Running")
         chosen = info.container(container)
@@ -33,25 +34,36 @@ class Targets:
 
     def node_check(self, namespace: str, pod: str) -> PodInfo:
         """The pod exists and lives on this node (any phase)."""
-        info = require_kube(self.kube).get_pod(namespace, pod)
-        if info.node_name and self.settings.node_name and info.node_name != self.settings.node_name:
+        info = self.locate(namespace, pod)
+        if not self.here(info):
             raise NotOnThisNode(
-                f"pod {namespace}/{pod} runs on node {info.node_name}", info.node_name
+                f"pod {namespace}/{pod} runs on node {info.node_name}", info.node_name or ""
             )
         return info
 
+    def locate(self, namespace: str, pod: str) -> PodInfo:
+        """The pod, wherever it runs (PodNotFound when there is none)."""
+        return require_kube(self.kube).get_pod(namespace, pod)
+
+    def here(self, info: PodInfo) -> bool:
+        """Whether the pod is this node's (an agent that knows no node name takes all)."""
+        return not (
+            info.node_name and self.settings.node_name and info.node_name != self.settings.node_name
+        )
+
     def containers(
-        self, namespace: str, pod: str, names: list[str | None]
+        self, namespace: str, pod: str, names: list[str | None], found: PodInfo | None = None
     ) -> tuple[PodInfo, list[ContainerInfo]]:
         """The running containers a mount names: one, several, or `*` for all of them."""
-        info, first = self.container(namespace, pod, None if names == ["*"] else names[0])
+        first_name = None if names == ["*"] else names[0]
+        info, first = self.container(namespace, pod, first_name, found)
         chosen = list(info.containers) if names == ["*"] else [first]
         for name in names[1:]:
-            found = info.container(name)
-            if found is None:
+            other = info.container(name)
+            if other is None:
                 have = ", ".join(c.name for c in info.containers)
                 raise PodNotFound(f"pod {namespace}/{pod} has no container {name!r} ({have})")
-            chosen.append(found)
+            chosen.append(other)
         for container in chosen:
             if not container.running or not container.container_id:
                 raise PodNotRunning(
