@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.schemas import Status
 from hotmount.errors import DeviceBusy, DeviceClaimed, HotmountError, ScanIncomplete
+from hotmount.wire.schemas import Status
 
 
 class ApiError(Exception):

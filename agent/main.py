@@ -39,11 +39,11 @@ from agent.node import Node
 from agent.node.reconcile import ReconcilePass
 from agent.podresources import PodResourcesClient
 from agent.routes import containers, devices, health, pods
-from agent.schemas import Status
 from hotmount import forked
 from hotmount.engine import Engine, EngineConfig
 from hotmount.errors import HotmountError
 from hotmount.results import ReconcileReport
+from hotmount.wire.schemas import Status
 
 gc.enable()
 

@@ -15,7 +15,7 @@
                                   verify=f"{sa}/ca.crt") as hm:
         hm.mount("ml", "notebook-0", count=1)
 
-Results are the agent's own models (`agent.schemas`): `MountResult`, `UnmountResult`,
+Results are the agent's own models (`hotmount.wire.schemas`): `MountResult`, `UnmountResult`,
 `PodDevices`, `DeviceList`, `ReassignResult`. Every failure raises one exception tree:
 
     HotmountClientError                exit 1   .status (the agent's `Status`), .reason, .code
@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # at run time imported on first use: `nvcli status` needs no 
 
     from pydantic import BaseModel, ValidationError
 
-    from agent.schemas import (
+    from hotmount.wire.schemas import (
         DeviceList,
         MountRequest,
         MountResult,
@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # at run time imported on first use: `nvcli status` needs no 
         UnmountResult,
     )
 
-from cli.errors import (
+from hotmount.wire.errors import (
     DEFAULT_REASON,
     DEFAULT_TIMEOUT,
     EXIT_AUTH,
@@ -126,7 +126,7 @@ def status_from_response(response: Response) -> Status:
     """Parse an error body; the API server's own `Status` (with `metadata`) and non-JSON too."""
     from pydantic import ValidationError
 
-    from agent.schemas import Status
+    from hotmount.wire.schemas import Status
 
     code = response.status
     try:
@@ -218,7 +218,7 @@ class _Base:
         return listing
 
     def _parse(self, model: str, data: Any, what: str) -> Any:
-        """`data` as the agent model named `model` (agent.schemas, imported here)."""
+        """`data` as the agent model named `model` (hotmount.wire.schemas, imported here)."""
         from pydantic import ValidationError
 
         try:
@@ -254,9 +254,9 @@ def _pod_devices_document(data: Any, description: str, what: str) -> dict[str, A
 
 def _schemas() -> ModuleType:
     """The agent's models, imported on first use (pydantic and every model: ~0.15 s)."""
-    import agent.schemas
+    import hotmount.wire.schemas
 
-    return agent.schemas
+    return hotmount.wire.schemas
 
 
 def _segment(value: str) -> str:

@@ -12,7 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.schemas import (
+from hotmount.wire.errors import EXIT_AUTH, HotmountClientError, error_for, make_status
+from hotmount.wire.schemas import (
     ContainerDevices,
     DeviceHolder,
     DeviceInfo,
@@ -24,7 +25,6 @@ from agent.schemas import (
     ReassignResult,
     UnmountResult,
 )
-from cli.errors import EXIT_AUTH, HotmountClientError, error_for, make_status
 
 if TYPE_CHECKING:
     from cli.options import Common

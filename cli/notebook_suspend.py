@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent.schemas import ResumeResult, SuspendResult
     from cli.notebook_config import Config
+    from hotmount.wire.schemas import ResumeResult, SuspendResult
 
 RESUME_TIMEOUT = 300.0  # seconds: a restore moves GPU memory back, seconds per GiB
 
@@ -63,14 +63,14 @@ def _progress(config: Config, path: str, say: Say | None) -> AbstractContextMana
 def suspend(config: Config, say: Say | None = None) -> SuspendResult:
     """Take this pod's hot-mounted GPUs away, its CUDA processes and their memory kept;
     `say`: where each progress line goes while it runs (none: not polled)."""
-    from agent.schemas import SuspendResult
+    from hotmount.wire.schemas import SuspendResult
 
     return SuspendResult.model_validate(_post(config, "suspend", say=say))
 
 
 def resume(config: Config, timeout: float | None = None, say: Say | None = None) -> ResumeResult:
     """Give this pod a GPU of the same model back, its processes restored onto it."""
-    from agent.schemas import ResumeResult
+    from hotmount.wire.schemas import ResumeResult
 
     return ResumeResult.model_validate(_post(config, "resume", timeout, say))
 

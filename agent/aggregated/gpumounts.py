@@ -19,7 +19,7 @@ from agent.errors import BadRequest, Forbidden, UnsupportedMediaType
 from agent.node.desired import DesiredMount, merge_patch
 from agent.routes.forwarding import local_or_forward
 from agent.routes.pods import Namespace, PodName
-from agent.schemas import MountRequest, PodDevices
+from hotmount.wire.schemas import MountRequest, PodDevices
 
 router = APIRouter(prefix=PREFIX, tags=["aggregated"])
 NODE_ONLY_WARNING = (

@@ -18,7 +18,7 @@ from agent.gateway import Gateway
 from agent.node import moves as node_moves
 from agent.routes.forwarding import local_or_forward
 from agent.routes.pods import Namespace
-from agent.schemas import KubeName, PodRef, ReassignRequest
+from hotmount.wire.schemas import KubeName, PodRef, ReassignRequest
 
 router = APIRouter(prefix=PREFIX, tags=["aggregated"])
 

@@ -20,7 +20,7 @@ from agent.aggregated.objects import PREFIX, VERSION, kube_object
 from agent.deps import Authz, Caller, Gate, Suspending
 from agent.routes.forwarding import local_or_forward
 from agent.routes.pods import PROGRESS_VERBS, ContainerQuery, Namespace, PodName
-from agent.schemas import ResumeRequest, SuspendRequest
+from hotmount.wire.schemas import ResumeRequest, SuspendRequest
 
 router = APIRouter(prefix=PREFIX, tags=["aggregated"])
 GPUMOUNT = f"/{VERSION}/namespaces/{{namespace}}/gpumounts/{{pod}}"

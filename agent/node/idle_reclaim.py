@@ -22,7 +22,6 @@ from agent.node.idle_state import IdleState
 from agent.node.idle_suspend import suspend_idle
 from agent.node.locks import ContainerLocks
 from agent.node.results import clock_key, device_label, unclassified_text
-from agent.schemas import MountRequest
 from hotmount import engine as eng
 from hotmount import usage
 from hotmount.activity import ActivitySampler, GpuActivity
@@ -30,6 +29,8 @@ from hotmount.devices.rdma import RDMA_NODE_DIR, is_rdma
 from hotmount.errors import DeviceBusy, HeldWithStayingDevices, HotmountError, ScanIncomplete
 from hotmount.ledger import ContainerRecord, DeviceRecord
 from hotmount.suspend.model import gpu_uuid
+from hotmount.wire.durations import format_duration
+from hotmount.wire.schemas import MountRequest
 
 log = logging.getLogger(__name__)
 
@@ -292,9 +293,9 @@ class IdleReclaim:
         container = entry.metadata.get("container") or look.record.key
         message = (
             f"{self._device_text(entry.key)} in {container} "
-            f"has been {what} for {idle.format_duration(look.now - since)}: {taken} in "
-            f"{idle.format_duration(left)} unless used (idle timeout "
-            f"{idle.format_duration(timeout)}, policy {policy})"
+            f"has been {what} for {format_duration(look.now - since)}: {taken} in "
+            f"{format_duration(left)} unless used (idle timeout "
+            f"{format_duration(timeout)}, policy {policy})"
         )
         self.metrics.idle_warnings.inc()
         log.info("%s", message)
@@ -360,8 +361,8 @@ class IdleReclaim:
         self.metrics.reclaimed.inc()
         timeout = idle.timeout_of(meta) or 0
         why = (
-            f"{'unused' if unused else 'idle'} for {idle.format_duration(idle_for)} "
-            f"(idle timeout {idle.format_duration(timeout)})"
+            f"{'unused' if unused else 'idle'} for {format_duration(idle_for)} "
+            f"(idle timeout {format_duration(timeout)})"
         )
         if stopped:
             why += (

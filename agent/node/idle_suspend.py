@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from agent import idle
 from hotmount.errors import HotmountError
 from hotmount.suspend.flow import DEFAULT_LOCK_TIMEOUT
+from hotmount.wire.durations import format_duration
 
 if TYPE_CHECKING:
     from agent.node.idle_reclaim import IdleReclaim, _Look
@@ -108,8 +109,8 @@ def _suspend(reclaim: IdleReclaim, looks: Sequence[_Look]) -> None:
     container = first.entry.metadata.get("container") or ref
     message = (
         f"suspended {labels} of {container}: unused for "
-        f"{idle.format_duration(first.now - (first.since or first.now))} (idle timeout "
-        f"{idle.format_duration(timeout)}, policy suspend); {len(done.processes)} processes "
+        f"{format_duration(first.now - (first.since or first.now))} (idle timeout "
+        f"{format_duration(timeout)}, policy suspend); {len(done.processes)} processes "
         f"kept, {moved >> 20} MiB of GPU memory in host memory; a resume gives a GPU back"
     )
     log.info("%s; holder pods deleted: %s", message, released)

@@ -19,12 +19,12 @@ from agent.node.dra import DraNames, slice_devices
 from agent.node.holders import HOLDER_LABEL, ROLE_LABEL, Role
 from agent.node.results import device_label, require_kube
 from agent.podresources import Allocation, PodResourcesClient, PodResourcesError
-from agent.schemas import DeviceHolder
 from hotmount import claims
 from hotmount import engine as eng
 from hotmount.claims import Claim, Footprint
 from hotmount.devices import rdma
 from hotmount.devices.model import Device, DeviceKind
+from hotmount.wire.schemas import DeviceHolder
 
 log = logging.getLogger(__name__)
 

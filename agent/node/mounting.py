@@ -33,13 +33,14 @@ from agent.node.results import (
     unclassified_text,
 )
 from agent.node.targets import Targets
-from agent.schemas import ContainerMount, MountRequest, MountResult, UnmountResult
 from hotmount import engine as eng
 from hotmount.devices import companions
 from hotmount.devices.model import DeviceKind
 from hotmount.errors import HotmountError
 from hotmount.ledger import now
 from hotmount.results import MountResult as EngineMountResult
+from hotmount.wire.durations import format_duration
+from hotmount.wire.schemas import ContainerMount, MountRequest, MountResult, UnmountResult
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class Mounting:
             timeout = idle.timeout_of(extra)
             for container, each in done:
                 for d in each.mounted:
-                    d.idle_timeout = idle.format_duration(timeout) if timeout else None
+                    d.idle_timeout = format_duration(timeout) if timeout else None
                 if each.mounted:
                     names = ", ".join(label(d) for d in each.mounted)
                     record_event(

@@ -15,11 +15,11 @@ from agent.node.mounting import Mounting
 from agent.node.pins import pin_of
 from agent.node.results import device_label, measure, record_event, require_kube
 from agent.node.targets import Targets
-from agent.schemas import MountRequest, ReassignRequest, ReassignResult
 from hotmount import engine as eng
 from hotmount.devices.model import Device
 from hotmount.errors import HotmountError
 from hotmount.ledger import DeviceRecord
+from hotmount.wire.schemas import MountRequest, ReassignRequest, ReassignResult
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from agent import idle
 from agent.errors import ApiError, BadRequest
 from agent.kube.client import ContainerInfo, KubeClient, PodInfo
 from agent.metrics import Metrics
-from agent.schemas import DeviceHolder, DriverAdded, MountedDevice, MountResult
 from hotmount import results as engine_results
 from hotmount.claims import Claim
 from hotmount.devices.model import Device
 from hotmount.errors import HotmountError
 from hotmount.ledger import DeviceRecord
+from hotmount.wire.schemas import DeviceHolder, DriverAdded, MountedDevice, MountResult
 
 
 def require_kube(kube: KubeClient | None) -> KubeClient:

@@ -29,7 +29,6 @@ from agent.node.pins import HOLDER_KIND, Pins, pin_metadata
 from agent.node.results import device_label, measure, record_event
 from agent.node.suspend_progress import InFlight, Op
 from agent.node.targets import Targets
-from agent.schemas import CheckpointedProcess, OperationProgress, ResumeResult, SuspendResult
 from hotmount import engine as eng
 from hotmount.devices.model import Device
 from hotmount.errors import DeviceClaimed
@@ -38,6 +37,12 @@ from hotmount.suspend.choose import NoGpuFree
 from hotmount.suspend.flow import Progress
 from hotmount.suspend.model import Listed
 from hotmount.suspend.model import ResumeResult as EngineResumeResult
+from hotmount.wire.schemas import (
+    CheckpointedProcess,
+    OperationProgress,
+    ResumeResult,
+    SuspendResult,
+)
 
 # The caller's check before a suspend takes a pod's GPUs from the processes holding them.
 TakeHeld = Callable[[PodInfo, int], None]

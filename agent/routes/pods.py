@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Path, Query, Request
 
 from agent.deps import Authz, Caller, Gate, Listing, Mounting, Moves, Suspending
 from agent.routes.forwarding import local_or_forward
-from agent.schemas import (
+from hotmount.wire.schemas import (
     MountRequest,
     MountResult,
     OperationProgress,

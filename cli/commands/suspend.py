@@ -39,7 +39,7 @@ def suspend(
             "--lock-timeout",
             metavar="SECONDS",
             min=0.1,
-            max=30,  # the agent's cap (agent/schemas.py MAX_LOCK_TIMEOUT)
+            max=30,  # the agent's cap (hotmount/wire/schemas.py MAX_LOCK_TIMEOUT)
             help="how long each CUDA process may take to lock (at most 30)",
         ),
     ] = 10.0,
@@ -64,7 +64,7 @@ def suspend(
         _progress(opts, waiting, namespace, pod, "suspend", container),
     ):
         data = _post(client, namespace, pod, "suspend", body)
-    from agent.schemas import SuspendResult
+    from hotmount.wire.schemas import SuspendResult
 
     result = SuspendResult.model_validate(data)
     if opts.fmt != "table":
@@ -109,7 +109,7 @@ def resume(
         _progress(opts, waiting, namespace, pod, "resume", container),
     ):
         data = _post(client, namespace, pod, "resume", body)
-    from agent.schemas import ResumeResult
+    from hotmount.wire.schemas import ResumeResult
 
     result = ResumeResult.model_validate(data)
     if opts.fmt != "table":

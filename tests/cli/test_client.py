@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from agent.schemas import PodRef
 from cli.client import (
     AgentTransport,
     AggregatedTransport,
@@ -26,6 +25,7 @@ from cli.client import (
     Unavailable,
     http_client,
 )
+from hotmount.wire.schemas import PodRef
 from tests.cli.stub_agent import CONTAINER_ID, GPUS, _mounted, status
 from tests.support.http_recorder import RecordingServer, Reply, Seen
 
