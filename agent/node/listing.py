@@ -15,13 +15,14 @@ from agent.node.accounting import Accounting
 from agent.node.idle_reclaim import IdleReclaim
 from agent.node.kubelet import KubeletBooks, KubeletHold
 from agent.node.pins import pin_of
-from agent.node.results import POD_UID, hot_holder, pod_of, require_kube
+from agent.node.results import POD_UID, require_kube
 from agent.node.targets import Targets
 from hotmount import engine as eng
 from hotmount.claims import Claim
 from hotmount.devices.model import DeviceKind
 from hotmount.ledger import DeviceRecord, SuspendedGpu
 from hotmount.wire.durations import format_duration
+from hotmount.wire.results import hot_holder, pod_of
 from hotmount.wire.schemas import (
     ContainerDevices,
     DeviceHolder,
