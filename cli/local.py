@@ -57,10 +57,10 @@ class LocalEngine:
             cdi_dirs=tuple(opts.cdi_dir) if opts.cdi_dir else DEFAULT_CDI_DIRS,
             **({"state_dir": opts.state_dir} if opts.state_dir else {}),
         )
-        self.engine = self._call(Engine, config)
+        self.engine = self._guarded(Engine, config)
 
     @staticmethod
-    def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`fn`, its engine errors raised as the client raises the agent's `Status` for
         them. A PermissionError has no `Status` of the agent's (there it is a 500 that
         points at the agent's log): here it is the caller's own 403."""
@@ -77,15 +77,15 @@ class LocalEngine:
 
     def mount(self, container_id: str, devices: list[str], force: bool) -> MountResult:
         """As a standalone agent's POST /v1/containers/{id}/devices answers."""
-        return mount_result(self._call(self.engine.mount, container_id, devices, force=force))
+        return mount_result(self._guarded(self.engine.mount, container_id, devices, force=force))
 
     def unmount(self, container_id: str, devices: list[str] | None, force: bool) -> UnmountResult:
         """As a standalone agent's DELETE /v1/containers/{id}/devices/{device} answers."""
-        done = self._call(self.engine.unmount, container_id, devices, force=force)
+        done = self._guarded(self.engine.unmount, container_id, devices, force=force)
         return unmount_result(done, container_id_of(done, container_id))
 
     def status(self, container_id: str) -> PodDevices:
-        status = self._call(self.engine.status, container_id)
+        status = self._guarded(self.engine.status, container_id)
         devices = []
         for d in status.devices:
             known = self.engine.inventory.get(d.key)
@@ -109,7 +109,7 @@ class LocalEngine:
         )
 
     def list_devices(self) -> list[DeviceList]:
-        holders = self._call(self.engine.holders)
+        holders = self._guarded(self.engine.holders)
         devices = [
             DeviceInfo.of(d, [hot_holder(c) for c in holders.get(d.key, [])])
             for d in self.engine.inventory.devices
