@@ -291,9 +291,7 @@ class HotmountClient:
         `container`: whose GPUs (default: the pod's only one); `lock_timeout`: seconds
         each CUDA process may take to lock (at most the agent's cap, 30; None: the
         agent's default). Only what is given is sent."""
-        given: dict[str, Any] = {"container": container}
-        if lock_timeout is not None:
-            given["lock_timeout_seconds"] = lock_timeout
+        given = {"container": container, "lock_timeout_seconds": lock_timeout}
         request = _request("SuspendRequest", given)
         return self.transport.suspend(namespace, pod, request)
 
