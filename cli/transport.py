@@ -3,9 +3,10 @@
 `AgentTransport` speaks the agent's `/v1` REST paths; `AggregatedTransport` speaks
 `hotmount.io/v1alpha1` through the API server (docs/api.md). Each turns one operation
 into its face's path and body, and the answer into a wire model (hotmount/wire/schemas.py)
-or a `HotmountClientError`. `ContainerTransport` methods (`*_container`) exist only on a
-standalone agent (`hotmount-agent --no-kubernetes`). `HotmountClient` (cli/client.py)
-is the typed face people call; nothing outside these two modules builds a path.
+or a `HotmountClientError`. The `*_container` methods are AgentTransport's alone: only a
+standalone agent (`hotmount-agent --no-kubernetes`) serves containers by ID.
+`HotmountClient` (cli/client.py) is the typed face people call; nothing outside these two
+modules builds a path or calls `_call`.
 """
 
 from __future__ import annotations
