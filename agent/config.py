@@ -16,8 +16,8 @@ from pydantic import AliasChoices, Field, IPvAnyNetwork, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent import flags, rdma_resources
-from agent.idle import format_duration, parse_duration
 from hotmount.api import DEFAULT_CDI_DIRS, DEFAULT_STATE_DIR
+from hotmount.wire.durations import format_duration, parse_duration
 
 DEFAULT_PODRESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 _SUBDOMAIN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"  # a DRA driver's or DeviceClass's name

@@ -17,14 +17,16 @@
     └── Timeout             504
 
 `status_of()` turns any exception into (code, Status); a user's mistake is never a 500.
+An engine error maps as in hotmount/wire/results.py, which `nvcli --local` shares.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from agent.schemas import Status
-from hotmount.api import DeviceBusy, DeviceClaimed, HotmountError, ScanIncomplete
+from hotmount.api import HotmountError
+from hotmount.wire.results import engine_status
+from hotmount.wire.schemas import Status
 
 
 class ApiError(Exception):
@@ -118,14 +120,6 @@ class Timeout(ApiError):
 def status_of(exc: Exception) -> Status:
     if isinstance(exc, ApiError):
         return Status(reason=exc.reason, message=exc.message, code=exc.code, details=exc.details)
-    if isinstance(exc, HotmountError):
-        details: dict[str, Any] | None = None
-        if isinstance(exc, DeviceBusy | ScanIncomplete):
-            held = exc.holders if isinstance(exc, DeviceBusy) else exc.unclassified
-            details = {
-                "holders": [{"pid": h.pid, "command": h.command, "path": h.path} for h in held]
-            }
-        elif isinstance(exc, DeviceClaimed):
-            details = {"owner": exc.owner, "holders": exc.holders}
-        return Status(reason=exc.reason, message=exc.message, code=exc.http_status, details=details)
+    if isinstance(exc, HotmountError):  # the same mapping as `nvcli --local`'s
+        return engine_status(exc)
     return Status(reason="InternalError", message="internal error; see the agent's log", code=500)

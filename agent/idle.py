@@ -11,7 +11,8 @@ A hot-mounted GPU is idle, under the mount's policy, while
   (hotmount/suspend/: its processes kept alive, their GPU memory in host memory)
   instead of stopping their holders; a refused suspension stops nothing.
 
-The reconciler looks every pass; this module decides, with no I/O, so the rules are
+Durations (`30m`, `1h30m`) are parsed and printed by hotmount/wire/durations.py, which
+the CLI shares. The reconciler looks every pass; this module decides, with no I/O, so the rules are
 tested exactly:
 
 - the clock is conservative: a mount's idle time starts at the first look that found
@@ -27,9 +28,10 @@ tested exactly:
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Hashable, Iterable
+
+from hotmount.wire.durations import format_duration, parse_duration
 
 TIMEOUT_KEY = "idleTimeout"  # ledger metadata: the mount's idle timeout, in seconds
 MOUNT_ID_KEY = "mountId"  # ledger metadata: one mount, the key of its idle clock
@@ -41,41 +43,6 @@ WARN_ANNOTATION = "hotmount.io/idle-warn-before"
 UNHELD, UNUSED, SUSPEND = "unheld", "unused", "suspend"
 POLICIES = (UNHELD, UNUSED, SUSPEND)
 MIN_WARN_LEAD = 60.0  # seconds: the shortest warning before a reclaim (unless the timeout is)
-MAX_SECONDS = 366 * 86400
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
-
-
-def parse_duration(text: str) -> float:
-    """`30m`, `90s`, `1h30m`, `1.5h`, `2d` -> seconds (Go's and kubectl's notation, plus d).
-
-    A bare number is refused: `30` could mean seconds or minutes, and a wrong guess
-    reclaims a GPU thirty times too soon.
-    """
-    value = text.strip()
-    if not _WHOLE.fullmatch(value):
-        raise ValueError(
-            f"{text!r} is not a duration: write a number with a unit, like 30m, 90s or 1h30m"
-        )
-    seconds = sum(float(number) * _UNITS[unit] for number, unit in _PART.findall(value))
-    if seconds < 1:
-        raise ValueError(f"{text!r} is too short: an idle timeout is at least 1s")
-    if seconds > MAX_SECONDS:
-        raise ValueError(f"{text!r} is too long: an idle timeout is at most 366d")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """Seconds as the short form people write: 5400 -> `1h30m`, 90 -> `1m30s`, 0 -> `0s`."""
-    left = round(seconds)
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if left >= size:
-            parts.append(f"{left // size}{unit}")
-            left %= size
-    return "".join(parts) or "0s"
 
 
 def timeout_of(metadata: dict[str, str]) -> float | None:

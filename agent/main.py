@@ -39,8 +39,8 @@ from agent.node import Node
 from agent.node.reconcile import ReconcilePass
 from agent.podresources import PodResourcesClient
 from agent.routes import containers, devices, forwarding, health
-from agent.schemas import Status
 from hotmount.api import Engine, EngineConfig, HotmountError, ReconcileReport, set_default_deadline
+from hotmount.wire.schemas import Status
 
 gc.enable()
 

@@ -29,7 +29,7 @@ import httpx
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from agent.schemas import DeviceList, KubeName, PodDevices
+from hotmount.wire.schemas import DeviceList, KubeName, PodDevices
 
 GROUP_VERSION = "hotmount.io/v1alpha1"
 LIST_KINDS = {"gpumounts": "GPUMount", "nodedevices": "NodeDevices"}  # by the path's end

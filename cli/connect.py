@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 from cli import __version__
-from cli.errors import DEFAULT_TIMEOUT, InvalidRequest, make_status
 from cli.http import HttpClient, tls_context
+from hotmount.wire.errors import DEFAULT_TIMEOUT, InvalidRequest, make_status
 
 
 def http_client(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cli.errors import Busy, HotmountClientError
 from cli.options import Common, split_refs
+from hotmount.wire.errors import Busy, HotmountClientError
 
 # -- errors that say what to do -------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from cli.cleartext import refuse_plain_credentials
-from cli.errors import DEFAULT_TIMEOUT, HotmountClientError, make_status
+from hotmount.wire.errors import DEFAULT_TIMEOUT, HotmountClientError, make_status
 
 if TYPE_CHECKING:
     from cli.http import HttpClient

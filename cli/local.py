@@ -1,4 +1,6 @@
-"""`nvcli --local`: the engine in this process, its results mapped onto the agent's models.
+"""`nvcli --local`: the engine in this process, its results and errors mapped onto the
+wire as the agent maps them (hotmount/wire/results.py), so that a call reads the same,
+exit code included, with or without an agent.
 
 A module of its own so that only `--local` commands import the engine and the models.
 """
@@ -8,13 +10,19 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.schemas import (
+from hotmount.wire.errors import Forbidden, error_for, make_status
+from hotmount.wire.results import (
+    container_id_of,
+    engine_status,
+    hot_holder,
+    mount_result,
+    unmount_result,
+)
+from hotmount.wire.schemas import (
     ContainerDevices,
-    DeviceHolder,
     DeviceInfo,
     DeviceList,
     MountedDevice,
@@ -24,7 +32,6 @@ from agent.schemas import (
     ReassignResult,
     UnmountResult,
 )
-from cli.errors import EXIT_AUTH, HotmountClientError, error_for, make_status
 
 if TYPE_CHECKING:
     from cli.options import Common
@@ -35,7 +42,13 @@ class LocalEngine:
 
     def __init__(self, opts: Common) -> None:
         if os.geteuid() != 0:
-            raise _LocalForbidden()
+            raise Forbidden(
+                make_status(
+                    403,
+                    "nvcli --local needs root: it changes cgroups and creates device nodes",
+                    "Forbidden",
+                )
+            )
         from hotmount.api import DEFAULT_CDI_DIRS, Engine, EngineConfig
 
         config = EngineConfig(
@@ -43,52 +56,35 @@ class LocalEngine:
             cdi_dirs=tuple(opts.cdi_dir) if opts.cdi_dir else DEFAULT_CDI_DIRS,
             **({"state_dir": opts.state_dir} if opts.state_dir else {}),
         )
-        self.engine = self._call(Engine, config)
+        self.engine = self._guarded(Engine, config)
 
     @staticmethod
-    def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from hotmount.api import DeviceBusy, DeviceClaimed, HotmountError
+    def _guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`fn`, its engine errors raised as the client raises the agent's `Status` for
+        them. A PermissionError has no `Status` of the agent's (there it is a 500 that
+        points at the agent's log): here it is the caller's own 403."""
+        from hotmount.api import HotmountError
 
         try:
             return fn(*args, **kwargs)
         except HotmountError as exc:
-            details: dict[str, Any] = {}
-            if isinstance(exc, DeviceBusy):
-                details["holders"] = [asdict(h) for h in exc.holders]
-            if isinstance(exc, DeviceClaimed):
-                details["owner"] = exc.owner
-            raise error_for(
-                make_status(exc.http_status, exc.message, exc.reason, **details)
-            ) from exc
+            raise error_for(engine_status(exc)) from exc
         except PermissionError as exc:
             raise error_for(
                 make_status(403, f"{exc.strerror}: {exc.filename}", "Forbidden")
             ) from exc
 
-    def _mounted(self, d: Any) -> MountedDevice:
-        return MountedDevice(key=d.key, kind=d.kind, index=d.index, uuid=d.uuid, paths=d.paths)
-
     def mount(self, container_id: str, devices: list[str], force: bool) -> MountResult:
-        result = self._call(self.engine.mount, container_id, devices, force=force)
-        return MountResult(
-            container_id=str(result.container.get("id") or container_id),
-            mounted=[self._mounted(d) for d in result.mounted],
-            already_mounted=[self._mounted(d) for d in result.already_mounted],
-        )
+        """As a standalone agent's POST /v1/containers/{id}/devices answers."""
+        return mount_result(self._guarded(self.engine.mount, container_id, devices, force=force))
 
     def unmount(self, container_id: str, devices: list[str] | None, force: bool) -> UnmountResult:
-        result = self._call(self.engine.unmount, container_id, devices, force=force)
-        return UnmountResult(
-            container_id=str(result.container.get("id") or container_id),
-            unmounted=result.unmounted,
-            not_mounted=result.not_mounted,
-            stopped_pids=result.stopped_pids,
-            unclassified_pids=result.unclassified_pids,
-            unclassified_why=result.unclassified_why or None,
-        )
+        """As a standalone agent's DELETE /v1/containers/{id}/devices/{device} answers."""
+        done = self._guarded(self.engine.unmount, container_id, devices, force=force)
+        return unmount_result(done, container_id_of(done, container_id))
 
     def status(self, container_id: str) -> PodDevices:
-        status = self._call(self.engine.status, container_id)
+        status = self._guarded(self.engine.status, container_id)
         devices = []
         for d in status.devices:
             known = self.engine.inventory.get(d.key)
@@ -112,17 +108,9 @@ class LocalEngine:
         )
 
     def list_devices(self) -> list[DeviceList]:
-        holders = self._call(self.engine.holders)
+        holders = self._guarded(self.engine.holders)
         devices = [
-            DeviceInfo.of(
-                d,
-                [
-                    DeviceHolder(
-                        source="hotmount", container_id=c.owner, device=c.device, **c.holder
-                    )
-                    for c in holders.get(d.key, [])
-                ],
-            )
+            DeviceInfo.of(d, [hot_holder(c) for c in holders.get(d.key, [])])
             for d in self.engine.inventory.devices
         ]
         return [DeviceList(node=socket.gethostname(), devices=devices)]
@@ -137,17 +125,4 @@ class LocalEngine:
             to=PodRef.model_construct(namespace="", pod=target, container=None),
             unmounted=unmounted,
             mounted=mounted,
-        )
-
-
-class _LocalForbidden(HotmountClientError):
-    exit_code = EXIT_AUTH
-
-    def __init__(self) -> None:
-        super().__init__(
-            make_status(
-                403,
-                "nvcli --local needs root: it changes cgroups and creates device nodes",
-                "Forbidden",
-            )
         )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from cli.notebook_config import Config
 
 if TYPE_CHECKING:  # the client (pydantic) loads on the first call, not at %load_ext
-    from agent.schemas import DeviceList, MountResult, PodDevices, UnmountResult
+    from hotmount.wire.schemas import DeviceList, MountResult, PodDevices, UnmountResult
 
 # -- CUDA ------------------------------------------------------------------------------------
 
@@ -76,8 +76,8 @@ def attach(
     they need goes into `environ` (default `os.environ`: this kernel's subprocesses)."""
     from pydantic import ValidationError
 
-    from agent.schemas import MountRequest
-    from cli.errors import InvalidRequest, make_status
+    from hotmount.wire.errors import InvalidRequest, make_status
+    from hotmount.wire.schemas import MountRequest
 
     config = config or Config.from_env()
     try:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from cli.notebook_config import NotebookError
 
 if TYPE_CHECKING:
-    from agent.schemas import DeviceList, MountResult, PodDevices, UnmountResult
     from cli.notebook_config import Config
+    from hotmount.wire.schemas import DeviceList, MountResult, PodDevices, UnmountResult
 
 
 def _gpu(key: str, index: int | None) -> str:
@@ -59,7 +59,7 @@ def status_message(result: PodDevices, config: Config) -> str:
 
 
 def _idle_text(device: Any) -> str:
-    from agent.idle import format_duration
+    from hotmount.wire.durations import format_duration
 
     if device.state == "suspended":
         return (
@@ -106,7 +106,7 @@ def error_message(exc: BaseException, config: Config | None = None, action: str 
     """One line a notebook user understands; never a traceback."""
     if isinstance(exc, NotebookError):
         return str(exc)
-    from cli.errors import (
+    from hotmount.wire.errors import (
         Busy,
         Conflict,
         Forbidden,

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent.schemas import ResumeResult, SuspendResult
     from cli.notebook_config import Config
+    from cli.transport import Op
+    from hotmount.wire.schemas import ResumeResult, SuspendResult
 
 RESUME_TIMEOUT = 300.0  # seconds: a restore moves GPU memory back, seconds per GiB
 
@@ -40,39 +41,34 @@ def _client(config: Config, timeout: float) -> Any:
     return HotmountClient.for_agent(config.agent, config.token(), verify=verify, timeout=timeout)
 
 
-def _post(config: Config, verb: str, timeout: float | None = None, say: Say | None = None) -> Any:
-    body = {"container": config.container} if config.container else {}
-    path = f"/v1/namespaces/{config.namespace}/pods/{config.pod}/{verb}"
-    with _client(config, timeout or RESUME_TIMEOUT) as client, _progress(config, path, say):
-        return client.transport._call("POST", path, body=body)
-
-
-def _progress(config: Config, path: str, say: Say | None) -> AbstractContextManager[object]:
+def _progress(config: Config, op: Op, say: Say | None) -> AbstractContextManager[object]:
     """The progress lines to `say` while the POST runs, polled on a client of its own."""
     if say is None:
         return nullcontext()
+    from cli.output import to_data
     from cli.progress import Polling
 
     stack = ExitStack()
     client = stack.enter_context(_client(config, 2.0))
-    params = {"container": config.container} if config.container else None
-    stack.enter_context(Polling(lambda: client.transport._call("GET", path, params=params), say))
+
+    def look() -> Any:
+        return to_data(client.progress(config.namespace, config.pod, op, config.container))
+
+    stack.enter_context(Polling(look, say))
     return stack
 
 
 def suspend(config: Config, say: Say | None = None) -> SuspendResult:
     """Take this pod's hot-mounted GPUs away, its CUDA processes and their memory kept;
     `say`: where each progress line goes while it runs (none: not polled)."""
-    from agent.schemas import SuspendResult
-
-    return SuspendResult.model_validate(_post(config, "suspend", say=say))
+    with _client(config, RESUME_TIMEOUT) as client, _progress(config, "suspend", say):
+        return client.suspend(config.namespace, config.pod, config.container)
 
 
 def resume(config: Config, timeout: float | None = None, say: Say | None = None) -> ResumeResult:
     """Give this pod a GPU of the same model back, its processes restored onto it."""
-    from agent.schemas import ResumeResult
-
-    return ResumeResult.model_validate(_post(config, "resume", timeout, say))
+    with _client(config, timeout or RESUME_TIMEOUT) as client, _progress(config, "resume", say):
+        return client.resume(config.namespace, config.pod, config.container)
 
 
 def suspended_message(result: SuspendResult) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from agent.schemas import (
+    from hotmount.wire.schemas import (
         DeviceHolder,
         DeviceInfo,
         DeviceList,
@@ -79,7 +79,13 @@ def render(result: Any, fmt: str) -> str:
 def table(result: Any) -> str:
     if isinstance(result, dict):
         return "\n".join(f"{k}: {v}" for k, v in result.items())
-    from agent.schemas import DeviceList, MountResult, PodDevices, ReassignResult, UnmountResult
+    from hotmount.wire.schemas import (
+        DeviceList,
+        MountResult,
+        PodDevices,
+        ReassignResult,
+        UnmountResult,
+    )
 
     if isinstance(result, MountResult):
         return mount_table(result)
@@ -130,7 +136,7 @@ def _where(namespace: str | None, pod: str | None, container: str | None, cid: s
 
 def holder_text(holder: DeviceHolder | Mapping[str, Any] | None) -> str:
     """A model or its JSON document (what `nvcli status` keeps)."""
-    from agent.tables import holder_text as text
+    from hotmount.wire.tables import holder_text as text
 
     return text(holder if holder is None or isinstance(holder, Mapping) else to_data(holder))
 
@@ -257,7 +263,7 @@ def reclaim_text(seconds: int, policy: str | None = None) -> str:
     """`reclaimed in 4m unless used` (a warned mount; `now` once due); under the idle
     policy `suspend`, `suspended in 4m unless used`: the GPU goes, the processes stay. A
     minute or more is rounded up to whole minutes: people read `4m`, not `3m59s`."""
-    from agent.idle import format_duration
+    from hotmount.wire.durations import format_duration
 
     if seconds >= 60:
         seconds = -(-seconds // 60) * 60
@@ -269,7 +275,7 @@ def reclaim_text(seconds: int, policy: str | None = None) -> str:
 def idle_text(seconds: int | None, timeout: str | None) -> str:
     """`12m/30m`: idle 12 minutes, taken back at 30; `busy/30m`: a process holds it;
     `-/never`: not looked at yet, and no idle timeout."""
-    from agent.idle import format_duration
+    from hotmount.wire.durations import format_duration
 
     idle = "-" if seconds is None else "busy" if seconds == 0 else format_duration(seconds)
     return f"{idle}/{timeout or 'never'}"

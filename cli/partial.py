@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.schemas import DeviceList, Model
+from hotmount.wire.schemas import DeviceList, Model
 
 
 class Unavailable(Model):

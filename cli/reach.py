@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from cli.errors import DEFAULT_TIMEOUT
 from cli.options import Common
+from hotmount.wire.errors import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     from cli.client import HotmountClient

@@ -148,9 +148,9 @@ def show(opts: Common, kind: str, target: str, container: str | None, out: Calla
 def run(line: StatusLine) -> int | None:
     """The status, as typer's command and with_common would run it; None on a usage
     error (typer then prints it with the usage, as for any command)."""
-    from cli.errors import HotmountClientError
     from cli.klog import setup_logging
     from cli.reach import UsageError, check_modes, pick_target
+    from hotmount.wire.errors import HotmountClientError
 
     setup_logging(line.opts.v or 0)
     try:

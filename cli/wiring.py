@@ -3,7 +3,7 @@ the modes (`--local`, `--agent`), the pod or container a command is about, and o
 Commands (cli/commands/) import this; it imports no command.
 
 Start-up time is most of a call's wall time (docs/cli.md, "Start-up time"): this module imports
-typer and the cheap cli.errors and cli.output only. The client (cli.client, cli.http),
+typer and the cheap hotmount.wire.errors and cli.output only. The client (cli.client, cli.http),
 pydantic and the agent's models, the kubeconfig reader and the engine (cli.local) are
 imported by the commands that use them; tests/cli/test_imports.py holds that.
 """
@@ -20,12 +20,12 @@ from typing import Annotated, Any, get_type_hints
 import typer
 
 from cli.completion import complete_pods
-from cli.errors import DEFAULT_TIMEOUT, EXIT_USAGE, HotmountClientError
 from cli.explain import explain
 from cli.klog import setup_logging
 from cli.options import Common, OutputFormat
 from cli.output import printable, render
 from cli.reach import UsageError
+from hotmount.wire.errors import DEFAULT_TIMEOUT, EXIT_USAGE, HotmountClientError
 
 # -- options every command takes, kubectl's names -------------------------------------------
 
@@ -185,7 +185,7 @@ def local_engine(opts: Common) -> Any:
 
 def check_names(containers: list[str], share_with: str | None) -> None:
     """Name the flag, not the wire field, when a name cannot be one (before any request)."""
-    from agent.schemas import ContainerName, KubeName
+    from hotmount.wire.schemas import ContainerName, KubeName
 
     for value in containers:
         if value != "*" and not _valid(ContainerName, value):

@@ -11,7 +11,7 @@ authenticated caller, as Kubernetes' own are.
     NodeDevices (cluster; name = the node) get, list
     Reassignment (namespaced)               create
 
-Lists and gets answer kubectl's Table requests (agent/tables.py), so `kubectl get` prints
+Lists and gets answer kubectl's Table requests (hotmount/wire/tables.py), so `kubectl get` prints
 useful columns; other clients get the objects.
 
 The API server authorizes the aggregated path itself before it proxies, by the path's

@@ -1,5 +1,5 @@
 """How a list or a get is answered: this node's objects with every other node's (a
-fan-out), as a Kubernetes list or as the Table kubectl asks for (agent/tables.py)."""
+fan-out), as a Kubernetes list or as the Table kubectl asks for (hotmount/wire/tables.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from agent.aggregated.objects import kube_list
 from agent.auth import Identity
 from agent.fanout import MissingNode, missing_warnings
 from agent.gateway import LOCAL_ONLY, Gateway
-from agent.tables import IncludeObject, table, table_version
+from hotmount.wire.tables import IncludeObject, table, table_version
 
 # `?includeObject=`: what a Table row carries (kubectl asks for Metadata, the default).
 Include = Annotated[IncludeObject, Query(alias="includeObject")]

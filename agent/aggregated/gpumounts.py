@@ -17,7 +17,7 @@ from agent.deps import Authz, Caller, Gate, Listing
 from agent.errors import BadRequest, Forbidden, UnsupportedMediaType
 from agent.node.desired import DesiredMount
 from agent.routes.pods import Namespace
-from agent.schemas import MountRequest, PodDevices
+from hotmount.wire.schemas import MountRequest, PodDevices
 
 router = APIRouter(prefix=PREFIX, tags=["aggregated"])
 NODE_ONLY_WARNING = (

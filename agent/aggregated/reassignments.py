@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.aggregated.objects import GROUP_VERSION, PREFIX, VERSION
 from agent.errors import BadRequest
-from agent.schemas import KubeName, PodRef, ReassignRequest
+from hotmount.wire.schemas import KubeName, PodRef, ReassignRequest
 
 
 class ReassignmentBody(BaseModel):

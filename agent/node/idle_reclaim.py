@@ -22,7 +22,6 @@ from agent.node.idle_state import IdleState, Look
 from agent.node.idle_suspend import suspend_idle
 from agent.node.locks import ContainerLocks
 from agent.node.results import clock_key, device_label, unclassified_text
-from agent.schemas import MountRequest
 from hotmount.api import (
     RDMA_NODE_DIR,
     ActivitySampler,
@@ -39,6 +38,8 @@ from hotmount.api import (
     nvml_pids,
     scan_holders,
 )
+from hotmount.wire.durations import format_duration
+from hotmount.wire.schemas import MountRequest
 
 log = logging.getLogger(__name__)
 
@@ -290,9 +291,9 @@ class IdleReclaim:
         container = entry.metadata.get("container") or look.record.key
         message = (
             f"{self.device_text(entry.key)} in {container} "
-            f"has been {what} for {idle.format_duration(look.now - since)}: {taken} in "
-            f"{idle.format_duration(left)} unless used (idle timeout "
-            f"{idle.format_duration(timeout)}, policy {policy})"
+            f"has been {what} for {format_duration(look.now - since)}: {taken} in "
+            f"{format_duration(left)} unless used (idle timeout "
+            f"{format_duration(timeout)}, policy {policy})"
         )
         self.metrics.idle_warnings.inc()
         log.info("%s", message)
@@ -358,8 +359,8 @@ class IdleReclaim:
         self.metrics.reclaimed.inc()
         timeout = idle.timeout_of(meta) or 0
         why = (
-            f"{'unused' if unused else 'idle'} for {idle.format_duration(idle_for)} "
-            f"(idle timeout {idle.format_duration(timeout)})"
+            f"{'unused' if unused else 'idle'} for {format_duration(idle_for)} "
+            f"(idle timeout {format_duration(timeout)})"
         )
         if stopped:
             why += (

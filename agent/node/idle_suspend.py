@@ -31,6 +31,7 @@ from agent.node.holders import HolderPods
 from agent.node.idle_state import Look
 from agent.node.locks import ContainerLocks
 from hotmount.api import DEFAULT_LOCK_TIMEOUT, ContainerRecord, DeviceRecord, Engine, HotmountError
+from hotmount.wire.durations import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,8 @@ def _suspend(reclaim: IdleReclaim, looks: Sequence[Look]) -> None:
     container = first.entry.metadata.get("container") or ref
     message = (
         f"suspended {labels} of {container}: unused for "
-        f"{idle.format_duration(first.now - (first.since or first.now))} (idle timeout "
-        f"{idle.format_duration(timeout)}, policy suspend); {len(done.processes)} processes "
+        f"{format_duration(first.now - (first.since or first.now))} (idle timeout "
+        f"{format_duration(timeout)}, policy suspend); {len(done.processes)} processes "
         f"kept, {moved >> 20} MiB of GPU memory in host memory; a resume gives a GPU back"
     )
     log.info("%s; holder pods deleted: %s", message, released)

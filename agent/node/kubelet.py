@@ -19,8 +19,8 @@ from agent.node.dra import DraNames, slice_devices
 from agent.node.holders import HOLDER_LABEL, ROLE_LABEL, Role
 from agent.node.results import device_label, require_kube
 from agent.podresources import Allocation, PodResourcesClient, PodResourcesError
-from agent.schemas import DeviceHolder
 from hotmount.api import Claim, Device, DeviceKind, Engine, Footprint, blocking_claims, is_rdma
+from hotmount.wire.schemas import DeviceHolder
 
 log = logging.getLogger(__name__)
 

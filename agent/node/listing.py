@@ -15,9 +15,12 @@ from agent.node.accounting import Accounting
 from agent.node.idle_reclaim import IdleReclaim
 from agent.node.kubelet import KubeletBooks, KubeletHold
 from agent.node.pins import pin_of
-from agent.node.results import POD_UID, hot_holder, pod_of, require_kube
+from agent.node.results import POD_UID, require_kube
 from agent.node.targets import Targets
-from agent.schemas import (
+from hotmount.api import Claim, DeviceKind, DeviceRecord, Engine, SuspendedGpu
+from hotmount.wire.durations import format_duration
+from hotmount.wire.results import hot_holder, pod_of
+from hotmount.wire.schemas import (
     ContainerDevices,
     DeviceHolder,
     DeviceInfo,
@@ -25,7 +28,6 @@ from agent.schemas import (
     MountedDevice,
     PodDevices,
 )
-from hotmount.api import Claim, DeviceKind, DeviceRecord, Engine, SuspendedGpu
 
 # The kinds a scheduler's books can hold (an RDMA NIC is outside "Accounting" for now).
 BOOKED_KINDS = (DeviceKind.GPU, DeviceKind.MIG, DeviceKind.CDI)
@@ -245,7 +247,7 @@ class Listing:
             paths=own,
             shared_with=pod_of(entry.shared_with),
             other_holders=others,
-            idle_timeout=idle.format_duration(timeout) if timeout is not None else None,
+            idle_timeout=format_duration(timeout) if timeout is not None else None,
             idle_seconds=int(idle_for) if idle_for is not None else None,
             idle_policy=idle.policy_of(entry.metadata),
             reclaim_in_seconds=int(reclaim_in) if reclaim_in is not None else None,

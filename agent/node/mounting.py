@@ -28,14 +28,15 @@ from agent.node.results import (
     measure,
     meta,
     mount_result,
-    pod_of,
     record_event,
     unclassified_text,
 )
 from agent.node.targets import Targets
-from agent.schemas import ContainerMount, MountRequest, MountResult, UnmountResult
 from hotmount.api import DeviceKind, Engine, HotmountError, now, rdma_for
 from hotmount.api import MountResult as EngineMountResult
+from hotmount.wire.durations import format_duration
+from hotmount.wire.results import container_id_of, pod_of, unmount_result
+from hotmount.wire.schemas import ContainerMount, MountRequest, MountResult, UnmountResult
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class Mounting:
             timeout = idle.timeout_of(extra)
             for container, each in done:
                 for d in each.mounted:
-                    d.idle_timeout = idle.format_duration(timeout) if timeout else None
+                    d.idle_timeout = format_duration(timeout) if timeout else None
                 if each.mounted:
                     names = ", ".join(label(d) for d in each.mounted)
                     record_event(
@@ -243,20 +244,7 @@ class Mounting:
             # With the container's lock released: waiting for the pods to go (up to
             # --holder-timeout) holds no other call on the container.
             released = [] if keep_holders else self.holders.release(namespace, holders)
-            out = UnmountResult(
-                namespace=namespace,
-                pod=pod,
-                container=chosen.name,
-                container_id=chosen.container_id,
-                unmounted=result.unmounted,
-                not_mounted=result.not_mounted,
-                stopped_pids=result.stopped_pids,
-                netdevs=result.netdevs,
-                driver_removed=result.driver_removed,
-                driver_detached=result.driver_detached,
-                unclassified_pids=result.unclassified_pids,
-                unclassified_why=result.unclassified_why or None,
-            )
+            out = unmount_result(result, chosen.container_id, namespace, pod, chosen.name)
             out.holder_pods_deleted = released
             if result.unmounted:
                 names = ", ".join(result.unmounted)
@@ -380,14 +368,4 @@ class Mounting:
     ) -> UnmountResult:
         with measure(self.metrics, "unmount"), self.locks.hold(container_id):
             done = self.engine.unmount(container_id, devices, force=force)
-        return UnmountResult(
-            container_id=str(done.container.get("id") or container_id),
-            unmounted=done.unmounted,
-            not_mounted=done.not_mounted,
-            stopped_pids=done.stopped_pids,
-            netdevs=done.netdevs,
-            driver_removed=done.driver_removed,
-            driver_detached=done.driver_detached,
-            unclassified_pids=done.unclassified_pids,
-            unclassified_why=done.unclassified_why or None,
-        )
+        return unmount_result(done, container_id_of(done, container_id))

@@ -15,8 +15,8 @@ from agent.node.mounting import Mounting
 from agent.node.pins import pin_of
 from agent.node.results import device_label, measure, record_event, require_kube
 from agent.node.targets import Targets
-from agent.schemas import MountRequest, ReassignRequest, ReassignResult
 from hotmount.api import Device, DeviceRecord, Engine, HotmountError
+from hotmount.wire.schemas import MountRequest, ReassignRequest, ReassignResult
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""What every use case of the node shares: engine results as API schemas, the labels
+"""What every use case of the node shares: engine results as API schemas (by
+hotmount/wire/results.py, as `nvcli --local` maps them), the labels
 messages use, and the small acts around an operation (its metrics, an Event, the
 Kubernetes client or a 400)."""
 
@@ -12,11 +13,11 @@ from agent import idle
 from agent.errors import ApiError, BadRequest
 from agent.kube.client import ContainerInfo, KubeClient, PodInfo
 from agent.metrics import Metrics
-from agent.schemas import DeviceHolder, DriverAdded, MountedDevice, MountResult
-from hotmount.api import Claim, Device, DeviceRecord, HotmountError
-from hotmount.api import MountedDevice as EngineMountedDevice
+from hotmount.api import Device, DeviceRecord, HotmountError
 from hotmount.api import MountResult as EngineMountResult
 from hotmount.api import UnmountResult as EngineUnmountResult
+from hotmount.wire import results as wire_results
+from hotmount.wire.schemas import MountedDevice, MountResult
 
 
 def require_kube(kube: KubeClient | None) -> KubeClient:
@@ -92,45 +93,19 @@ def measure_failure(metrics: Metrics, operation: str | None) -> Iterator[None]:
 def mount_result(
     done: EngineMountResult, pod: PodInfo | None, container: ContainerInfo | None
 ) -> MountResult:
-    def convert(items: list[EngineMountedDevice]) -> list[MountedDevice]:
-        return [
-            MountedDevice(key=m.key, kind=m.kind, index=m.index, uuid=m.uuid, paths=m.paths)
-            for m in items
-        ]
-
-    return MountResult(
+    """The engine's answer as the wire shows it (hotmount/wire/results.py), named after
+    the pod and container it was for."""
+    return wire_results.mount_result(
+        done,
         namespace=pod.namespace if pod else None,
         pod=pod.name if pod else None,
         container=container.name if container else None,
-        container_id=str(done.container.get("id") or ""),
-        mounted=convert(done.mounted),
-        already_mounted=convert(done.already_mounted),
-        netdevs=done.netdevs,
-        driver=DriverAdded.model_validate(done.driver) if done.driver else None,
-    )
-
-
-def hot_holder(claim: Claim, pin: str | None = None) -> DeviceHolder:
-    return DeviceHolder(
-        source="hotmount",
-        namespace=claim.holder.get("namespace"),
-        pod=claim.holder.get("pod"),
-        container=claim.holder.get("container"),
-        container_id=claim.owner,
-        device=claim.device,
-        shared_with=pod_of(claim.shared_with),
-        pin=pin,
     )
 
 
 def clock_key(owner: str, entry: DeviceRecord) -> tuple[str, str, str]:
     """One mount: a device unmounted and mounted again starts a new idle clock."""
     return (owner, entry.key, entry.metadata.get(idle.MOUNT_ID_KEY) or entry.mounted_at)
-
-
-def pod_of(group: str | None) -> str | None:
-    """`namespace/pod` -> `pod`: sharing never leaves a namespace."""
-    return group.rpartition("/")[2] if group else None
 
 
 POD_UID = "podUid"  # ledger metadata: the pod a mount was for, told from a namesake

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agent.schemas import OperationProgress
+from hotmount.wire.schemas import OperationProgress
 
 Op = Literal["suspend", "resume"]
 

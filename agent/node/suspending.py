@@ -29,9 +29,14 @@ from agent.node.pins import HOLDER_KIND, Pins, pin_metadata
 from agent.node.results import device_label, measure, record_event
 from agent.node.suspend_progress import InFlight, Op
 from agent.node.targets import Targets
-from agent.schemas import CheckpointedProcess, OperationProgress, ResumeResult, SuspendResult
 from hotmount.api import Device, DeviceClaimed, DeviceRecord, Engine, Listed, NoGpuFree, Progress
 from hotmount.api import ResumeResult as EngineResumeResult
+from hotmount.wire.schemas import (
+    CheckpointedProcess,
+    OperationProgress,
+    ResumeResult,
+    SuspendResult,
+)
 
 # The caller's check before a suspend takes a pod's GPUs from the processes holding them.
 TakeHeld = Callable[[PodInfo, int], None]

@@ -9,7 +9,7 @@ from agent.config import AgentSettings
 from agent.errors import BadRequest, NotOnThisNode, PodNotFound, PodNotRunning
 from agent.kube.client import ContainerInfo, KubeClient, PodInfo
 from agent.node.results import require_kube
-from agent.schemas import MountRequest
+from hotmount.wire.schemas import MountRequest
 
 
 @dataclass(frozen=True)

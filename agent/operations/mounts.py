@@ -34,7 +34,7 @@ from agent.node.desired import merge_patch
 from agent.operations.placement import Ask, Call
 from agent.operations.table import Args, Face, Operation, body, dependency, path, query
 from agent.routes.pods import ContainerQuery, DevicePath, Namespace, PodName
-from agent.schemas import MountRequest, MountResult, PodDevices, UnmountResult
+from hotmount.wire.schemas import MountRequest, MountResult, PodDevices, UnmountResult
 
 V1_DEVICES = "/namespaces/{namespace}/pods/{pod}/devices"
 GPUMOUNTS = f"/{VERSION}/namespaces/{{namespace}}/gpumounts"

@@ -21,7 +21,7 @@ from agent.auth import Authorizer, Identity
 from agent.operations.placement import Ask, Call
 from agent.operations.table import Args, Face, Operation, body, path
 from agent.routes.pods import Namespace
-from agent.schemas import ReassignRequest, ReassignResult
+from hotmount.wire.schemas import ReassignRequest, ReassignResult
 
 
 def _ask(move: ReassignRequest, namespace: str | None = None) -> Ask:

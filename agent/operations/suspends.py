@@ -24,7 +24,7 @@ from agent.node import Node
 from agent.operations.placement import Ask, Call
 from agent.operations.table import Args, Face, Operation, body, path, query
 from agent.routes.pods import PROGRESS_VERBS, ContainerQuery, Namespace, PodName
-from agent.schemas import (
+from hotmount.wire.schemas import (
     OperationProgress,
     ResumeRequest,
     ResumeResult,

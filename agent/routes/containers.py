@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path
 
 from agent.deps import Authz, Caller, Listing, Mounting
 from agent.routes.pods import DevicePath
-from agent.schemas import MountRequest, MountResult, PodDevices, UnmountResult
+from hotmount.wire.schemas import MountRequest, MountResult, PodDevices, UnmountResult
 
 router = APIRouter(prefix="/v1/containers", tags=["containers"])
 ContainerId = Annotated[str, Path(min_length=1, max_length=80)]

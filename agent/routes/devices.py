@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from agent.deps import Authz, Caller, Listing
-from agent.schemas import DeviceList
+from hotmount.wire.schemas import DeviceList
 
 router = APIRouter(prefix="/v1", tags=["devices"])
 

@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from cli.completion import SHELLS
-from cli.errors import EXIT_USAGE
 from cli.names import PLUGIN_NAME
+from hotmount.wire.errors import EXIT_USAGE
 
 
 def completion(

@@ -13,14 +13,17 @@ Imports stay lazy: the client and the agent's models load when a command runs
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli.options import Common
-from cli.output import Waiting, render
+from cli.output import Waiting, render, to_data
 from cli.reach import UsageError, make_client, namespace_of
 from cli.wiring import with_common
+
+if TYPE_CHECKING:
+    from cli.transport import Op
 
 Name = Annotated[str | None, typer.Option("--name", metavar="POD", help="the pod")]
 Container = Annotated[
@@ -39,7 +42,7 @@ def suspend(
             "--lock-timeout",
             metavar="SECONDS",
             min=0.1,
-            max=30,  # the agent's cap (agent/schemas.py MAX_LOCK_TIMEOUT)
+            max=30,  # the agent's cap (hotmount/wire/schemas.py MAX_LOCK_TIMEOUT)
             help="how long each CUDA process may take to lock (at most 30)",
         ),
     ] = 10.0,
@@ -56,17 +59,13 @@ def suspend(
       nvcli suspend --name notebook-0
     """
     pod = _pod(opts, name)
-    body = {"lockTimeoutSeconds": lock_timeout, **({"container": container} if container else {})}
     namespace = namespace_of(opts)
     with (
         make_client(opts) as client,
         Waiting("suspending (checkpointing GPU memory)...", enabled=opts.fmt == "table") as waiting,
         _progress(opts, waiting, namespace, pod, "suspend", container),
     ):
-        data = _post(client, namespace, pod, "suspend", body)
-    from agent.schemas import SuspendResult
-
-    result = SuspendResult.model_validate(data)
+        result = client.suspend(namespace, pod, container, lock_timeout=lock_timeout)
     if opts.fmt != "table":
         typer.echo(render(result, opts.fmt))
         return
@@ -99,19 +98,14 @@ def resume(
       nvcli resume --name notebook-0 --mount 1
     """
     pod = _pod(opts, name)
-    body: dict[str, Any] = {"container": container} if container else {}
-    if mount:
-        body["mount"] = [ref for value in mount for ref in value.split(",") if ref]
+    refs = [ref for value in mount for ref in value.split(",") if ref] if mount else None
     namespace = namespace_of(opts)
     with (
         make_client(opts) as client,
         Waiting("resuming (restoring GPU memory)...", enabled=opts.fmt == "table") as waiting,
         _progress(opts, waiting, namespace, pod, "resume", container),
     ):
-        data = _post(client, namespace, pod, "resume", body)
-    from agent.schemas import ResumeResult
-
-    result = ResumeResult.model_validate(data)
+        result = client.resume(namespace, pod, container, mount=refs)
     if opts.fmt != "table":
         typer.echo(render(result, opts.fmt))
         return
@@ -132,20 +126,8 @@ def _pod(opts: Common, name: str | None) -> str:
     return name
 
 
-def _post(client: Any, namespace: str, pod: str, verb: str, body: dict[str, Any]) -> Any:
-    """The agent's /v1 route, or the aggregated API's GPUMount subresource."""
-    from cli.client import AGGREGATED_PREFIX, AgentTransport
-
-    transport = client.transport
-    if isinstance(transport, AgentTransport):
-        return transport._call("POST", f"/v1/namespaces/{namespace}/pods/{pod}/{verb}", body=body)
-    path = f"{AGGREGATED_PREFIX}/namespaces/{namespace}/gpumounts/{pod}/{verb}"
-    answer = transport._call("POST", path, body=body)
-    return answer.get("status") if isinstance(answer, dict) else answer
-
-
 def _progress(
-    opts: Common, waiting: Waiting, namespace: str, pod: str, verb: str, container: str | None
+    opts: Common, waiting: Waiting, namespace: str, pod: str, verb: Op, container: str | None
 ) -> AbstractContextManager[object]:
     """On a terminal with `-o table`: the progress lines, polled on a client of its own
     (one connection each: the POST's is busy until it is done). Else nothing."""
@@ -157,19 +139,9 @@ def _progress(
 
     stack = ExitStack()
     client = stack.enter_context(make_client(opts))
-    params = {"container": container} if container else None
-    stack.enter_context(Polling(lambda: _get(client, namespace, pod, verb, params), waiting.say))
+
+    def look() -> Any:
+        return to_data(client.progress(namespace, pod, verb, container))
+
+    stack.enter_context(Polling(look, waiting.say))
     return stack
-
-
-def _get(client: Any, namespace: str, pod: str, verb: str, params: dict[str, str] | None) -> Any:
-    """The running operation's progress (OperationProgress), on either face."""
-    from cli.client import AGGREGATED_PREFIX, AgentTransport
-
-    transport = client.transport
-    if isinstance(transport, AgentTransport):
-        path = f"/v1/namespaces/{namespace}/pods/{pod}/{verb}"
-        return transport._call("GET", path, params=params)
-    path = f"{AGGREGATED_PREFIX}/namespaces/{namespace}/gpumounts/{pod}/{verb}"
-    answer = transport._call("GET", path, params=params)
-    return answer.get("status") if isinstance(answer, dict) else answer

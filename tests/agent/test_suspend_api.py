@@ -63,7 +63,7 @@ def test_suspend_then_resume(world: World) -> None:
 
 
 def test_a_lock_timeout_over_the_cap_is_refused_before_anything_changes(world: World) -> None:
-    """`lockTimeoutSeconds` is at most 30 (agent/schemas.py MAX_LOCK_TIMEOUT): the lock
+    """`lockTimeoutSeconds` is at most 30 (hotmount/wire/schemas.py MAX_LOCK_TIMEOUT): the lock
     wait holds the container's lock, and reconcile's repairs of that container wait
     meanwhile. More is a 422 naming the field and the cap; 30 itself is taken."""
     container, _ = world.notebook()

@@ -1,6 +1,6 @@
 """A stand-in agent for nvcli's tests: docs/api.md's two faces over real HTTP(S).
 
-It answers from a two-GPU node with canned results shaped by `agent.schemas`,
+It answers from a two-GPU node with canned results shaped by `hotmount.wire.schemas`,
 validates every request body against those models (422 `Invalid` otherwise),
 and records what it received (path, query, body, headers, the TLS peer's CN)
 so tests can check what nvcli sent. `fail(...)` makes matching requests answer
@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import ValidationError
 
-from agent.schemas import MountRequest, ReassignRequest
+from hotmount.wire.schemas import MountRequest, ReassignRequest
 from tests.fakes.pki import CertPaths
 
 NODE = "node-a"

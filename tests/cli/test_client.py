@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from agent.schemas import PodRef
 from cli.client import (
     AgentTransport,
     AggregatedTransport,
@@ -26,6 +25,7 @@ from cli.client import (
     Unavailable,
     http_client,
 )
+from hotmount.wire.schemas import PodRef
 from tests.cli.stub_agent import CONTAINER_ID, GPUS, _mounted, status
 from tests.support.http_recorder import RecordingServer, Reply, Seen
 
@@ -286,6 +286,84 @@ ERRORS = [
     (504, "Timeout", Timeout, 6),
     (500, "InternalError", HotmountClientError, 1),
 ]
+
+
+SUSPENDED = {
+    "namespace": "ml",
+    "pod": "nb-0",
+    "container": "main",
+    "containerId": CONTAINER_ID,
+    "suspended": [UUID0],
+    "processes": [{"pid": 7, "gpuBytes": 1 << 30}],
+    "hostBytes": 1 << 30,
+}
+RESUMED = {**{k: SUSPENDED[k] for k in ("namespace", "pod", "container", "containerId")},
+           "resumed": {UUID0: UUID1}, "processes": [{"pid": 7, "gpuBytes": 1 << 30}]}  # fmt: skip
+PROGRESS = {"op": "suspend", "running": True, "step": "locking", "processes": 2, "locked": 1}
+
+
+def _suspend_handler(wrap: bool) -> Handler:
+    """Answers a suspend, a resume or a progress GET; in a GPUMount's status if `wrap`."""
+
+    def handler(request: Seen) -> Reply:
+        if request.method == "GET":
+            body: dict[str, Any] = {**PROGRESS, "op": request.path.rpartition("/")[2]}
+        else:
+            body = SUSPENDED if request.path.endswith("/suspend") else RESUMED
+        return Reply(200, json={"kind": "GPUMount", "status": body} if wrap else body)
+
+    return handler
+
+
+@pytest.mark.parametrize("aggregated", [False, True], ids=["v1", "aggregated"])
+def test_suspend_resume_and_their_progress(serve: Serve, aggregated: bool) -> None:
+    """Typed on both faces: the POST's body holds only what was given (the agent applies
+    its defaults), the progress is a GET on the same path, and the answers are models."""
+    hm, seen = serve(_suspend_handler(aggregated), aggregated=aggregated)
+    suspended = hm.suspend("ml", "nb-0", lock_timeout=5)
+    assert (suspended.suspended, suspended.host_bytes) == ([UUID0], 1 << 30)
+    hm.suspend("ml", "nb-0", "main")
+    resumed = hm.resume("ml", "nb-0", "main", mount=["1"])
+    assert resumed.resumed == {UUID0: UUID1} and resumed.processes[0].pid == 7
+    hm.resume("ml", "nb-0")
+    progress = hm.progress("ml", "nb-0", "resume", container="main")
+    assert (progress.op, progress.running, progress.locked) == ("resume", True, 1)
+    hm.progress("ml", "nb-0", "suspend")
+
+    base = (
+        "/apis/hotmount.io/v1alpha1/namespaces/ml/gpumounts/nb-0"
+        if aggregated
+        else ("/v1/namespaces/ml/pods/nb-0")
+    )
+    assert [(r.method, r.raw_path) for r in seen] == [
+        ("POST", f"{base}/suspend"),
+        ("POST", f"{base}/suspend"),
+        ("POST", f"{base}/resume"),
+        ("POST", f"{base}/resume"),
+        ("GET", f"{base}/resume?container=main"),
+        ("GET", f"{base}/suspend"),
+    ]
+    assert [r.json() for r in seen[:4]] == [
+        {"lockTimeoutSeconds": 5.0},
+        {"container": "main"},
+        {"container": "main", "mount": ["1"]},
+        {},
+    ]
+
+
+def test_a_suspend_over_the_lock_cap_is_refused_before_sending(serve: Serve) -> None:
+    hm, seen = serve(_suspend_handler(False))
+    with pytest.raises(InvalidRequest, match="less than or equal to 30"):
+        hm.suspend("ml", "nb-0", lock_timeout=31)
+    with pytest.raises(InvalidRequest):
+        hm.resume("ml", "nb-0", container="Not_A_Name")
+    assert seen == []
+
+
+def test_a_progress_answer_that_is_not_one_is_an_error(serve: Serve) -> None:
+    hm, _ = serve(lambda r: Reply(200, json={"running": "maybe"}))
+    with pytest.raises(HotmountClientError, match="unexpected answer"):
+        hm.progress("ml", "nb-0", "suspend")
 
 
 @pytest.mark.parametrize(("code", "reason", "exc", "exit_code"), ERRORS, ids=[e[1] for e in ERRORS])

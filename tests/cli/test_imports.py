@@ -29,7 +29,7 @@ HEAVY = (
     "httpx",  # the agent's HTTP client; nvcli's is cli/http.py
     "pydantic",
     "agent",  # the agent's models, built at import
-    "hotmount",  # the engine: --local only
+    "hotmount",  # the engine: --local only (and the wire's models: see AT_START)
     "yaml",
     "importlib.metadata",
 )
@@ -37,7 +37,11 @@ HEAVY = (
 # nvcli speaks HTTP with the standard library's http.client (cli/http.py).
 NEVER = ("kubernetes", "rich", "pygments", "hotmount.engine", "httpx", "httpcore", "h11")
 # Not for `nvcli status`, which renders the agent's JSON as it came.
-MODELS = ("pydantic", "agent.schemas")
+MODELS = ("pydantic", "hotmount.wire.schemas")
+
+# The wire's exit codes and error tree (hotmount/wire/errors.py, standard library only)
+# load at start, with their packages: nothing else of `hotmount` does.
+AT_START = frozenset({"hotmount", "hotmount.wire", "hotmount.wire.errors"})
 
 # Not typer or click either: a plain `nvcli status` is parsed without them
 # (cli/statusline.py), which were a third of its start-up.
@@ -74,8 +78,9 @@ def run_nvcli(*args: str, import_only: bool = False) -> dict:
 
 
 def loaded(result: dict, packages: tuple[str, ...]) -> list[str]:
-    """Which of `packages` (or modules under them) the run imported."""
-    return [p for p in packages if any(m == p or m.startswith(f"{p}.") for m in result["modules"])]
+    """Which of `packages` (or modules under them) the run imported, AT_START aside."""
+    modules = [m for m in result["modules"] if m not in AT_START]
+    return [p for p in packages if any(m == p or m.startswith(f"{p}.") for m in modules)]
 
 
 def test_importing_nvcli_imports_nothing_heavy() -> None:
@@ -95,6 +100,7 @@ def test_help_and_version_import_nothing_heavy() -> None:
         result = run_nvcli(*args)
         assert result["rc"] in (0, 2) and text in result["out"] + result["err"], result
         assert loaded(result, HEAVY) == [], args
+    assert "hotmount.wire.errors" in result["modules"]  # what AT_START lets through
 
 
 def test_a_command_loads_its_own_module_only() -> None:

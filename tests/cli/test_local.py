@@ -113,3 +113,32 @@ def test_local_errors(
     assert block.rc == 2, block.err
     gone = nvcli("status", "--container", "f" * 64, *engine_flags)
     assert gone.rc == 4, gone.err
+
+
+def test_local_errors_are_the_agents_status(
+    engine_flags: list[str], make: Callable[[], RuncContainer]
+) -> None:
+    """`--local` maps an engine error as the agent does (hotmount/wire/results.py): a GPU
+    hot-mounted in another container is refused with its owner *and* its holders, which
+    `--local` left out before the two shared one mapping; the exit code is a conflict's."""
+    from agent.errors import status_of
+    from cli.local import LocalEngine
+    from cli.options import Common
+    from hotmount.errors import DeviceClaimed
+    from hotmount.wire.errors import EXIT_CONFLICT, Conflict
+
+    flags = dict(zip(engine_flags[1::2], engine_flags[2::2], strict=True))
+    opts = Common(local=True, cdi_dir=[flags["--cdi-dir"]], state_dir=Path(flags["--state-dir"]))
+    a, b = make(), make()
+    local = LocalEngine(opts)
+    assert [d.key for d in local.mount(a.id, [GPU1], force=False).mounted] == [GPU1]
+    with pytest.raises(Conflict) as refused:
+        local.mount(b.id, [GPU1], force=False)
+    engine_error = refused.value.__cause__
+    assert isinstance(engine_error, DeviceClaimed)
+    assert refused.value.status == status_of(engine_error)
+    assert refused.value.exit_code == EXIT_CONFLICT
+    assert refused.value.details["owner"] == a.id
+    assert [(h["containerId"], h["device"]) for h in refused.value.details["holders"]] == [
+        (a.id, GPU1)
+    ]

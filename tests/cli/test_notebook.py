@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.schemas import MountedDevice, MountResult, UnmountResult
 from cli import notebook
-from cli.errors import error_for, make_status
 from cli.notebook import Command, Config, NotebookError, parse
+from hotmount.wire.errors import error_for, make_status
+from hotmount.wire.schemas import MountedDevice, MountResult, UnmountResult
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import threading
 import pytest
 import yaml
 
-from agent.schemas import DeviceList, MountResult, PodDevices, ReassignResult, UnmountResult
 from cli.output import Waiting, idle_text, reclaim_text, render
+from hotmount.wire.schemas import DeviceList, MountResult, PodDevices, ReassignResult, UnmountResult
 from tests.cli.test_client import (
     UUID0,
     UUID1,

@@ -102,7 +102,7 @@ def test_a_plain_status_loads_no_typer(cluster: Cluster) -> None:
     config = str(cluster.kubeconfig("token", namespace="ml", token="alice-token"))
     quick = through("quick", [["status", "--name", "nb-0", "--kubeconfig", config]])
     assert quick["results"][0]["rc"] == 0
-    heavy = ("typer", "click", "pydantic", "agent.schemas")
+    heavy = ("typer", "click", "pydantic", "hotmount.wire.schemas")
     assert [m for m in quick["modules"] if m.split(".")[0] in heavy or m in heavy] == []
 
 

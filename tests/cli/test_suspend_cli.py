@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.schemas import MAX_LOCK_TIMEOUT
+from hotmount.wire.schemas import MAX_LOCK_TIMEOUT
 from tests.agent.conftest import ALICE, DANA
 from tests.cli.conftest import Run
 from tests.support.cuda_standin import MODEL, A, B, container_pid, status
@@ -72,7 +72,7 @@ def test_suspend_needs_a_pod(nvcli: Callable[..., Run]) -> None:
 def test_a_lock_timeout_over_the_agents_cap_is_refused_before_any_call(
     nvcli: Callable[..., Run],
 ) -> None:
-    """`--lock-timeout` has the agent's own cap (agent/schemas.py MAX_LOCK_TIMEOUT): a
+    """`--lock-timeout` has the agent's own cap (hotmount/wire/schemas.py MAX_LOCK_TIMEOUT): a
     larger one is a usage error (exit 2) that names it, and no agent is asked."""
     assert MAX_LOCK_TIMEOUT == 30
     flags = ["--agent", "http://127.0.0.1:9", "--token", ALICE, "-n", "default"]

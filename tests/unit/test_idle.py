@@ -1,4 +1,5 @@
-"""Idle reclaim's pure rules (agent/idle.py): durations, the clock, the decision."""
+"""Idle reclaim's pure rules (agent/idle.py) and the durations it reads and writes
+(hotmount/wire/durations.py): the clock, the decision."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ from agent.idle import (
     choose_policy,
     choose_timeout,
     choose_warn_before,
-    format_duration,
-    parse_duration,
     policy_of,
     reclaim_at,
     should_reclaim,
@@ -22,7 +21,8 @@ from agent.idle import (
     warn_before_of,
     warn_lead,
 )
-from agent.schemas import MountRequest
+from hotmount.wire.durations import format_duration, parse_duration
+from hotmount.wire.schemas import MountRequest
 
 
 @pytest.mark.parametrize(
@@ -222,7 +222,7 @@ def test_the_suspend_policy_is_judged_by_use_and_validated_at_the_boundary() -> 
     from pydantic import ValidationError
 
     from agent.idle import judged_by_use
-    from agent.schemas import MountRequest
+    from hotmount.wire.schemas import MountRequest
 
     assert choose_policy(None, {"hotmount.io/idle-policy": " suspend "}, "unheld") == "suspend"
     assert policy_of({"idlePolicy": "suspend"}) == "suspend"

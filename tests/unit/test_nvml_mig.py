@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.schemas import DeviceInfo, DeviceList, MigInfo
 from cli.output import devices_table
 from hotmount.devices import mig_nvml
 from hotmount.devices.mig import MigInstance
+from hotmount.wire.schemas import DeviceInfo, DeviceList, MigInfo
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.nvml import FakeGpu, FakeMig
 from tests.unit.hosttree import (

@@ -23,10 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("hotmount", "agent", "cli")
 
-# Known, and being removed in parallel (issue 41 item 5: the client gains suspend, resume
-# and progress, and no `_call` stays outside it). Empty this when that lands: the test
-# fails on an entry that no longer occurs.
-KNOWN = frozenset({"cli.commands.suspend: _call", "cli.notebook_suspend: _call"})
+# Known exceptions, each to be removed (none today): the test fails on an entry that no
+# longer occurs, so the list never outlives its reason.
+KNOWN: frozenset[str] = frozenset()
 
 
 def _private(name: str) -> bool:

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from agent.node.listing import suspended_device
-from agent.tables import human_duration, table, table_version
 from hotmount.ledger import DeviceRecord, SuspendedGpu
+from hotmount.wire.tables import human_duration, table, table_version
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 KUBECTL_ACCEPT = (  # what kubectl 1.20 to 1.35 sends with `get`

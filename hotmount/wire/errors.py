@@ -1,7 +1,9 @@
-"""The client's exception tree and exit codes, importable without HTTP or pydantic.
+"""Exit codes, the client's exception tree and the default reason of each HTTP code,
+importable without HTTP or pydantic.
 
-`cli.client` re-exports everything here; nvcli imports this module at start so that
-`--help` and `version` pay for neither (`agent.schemas` is imported on first use).
+One table for every client of the wire: `cli.client` re-exports it, `nvcli --local`
+raises through it as a call to an agent does. nvcli imports this module at start so
+that `--help` and `version` pay for neither (`hotmount.wire.schemas` loads on first use).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent.schemas import Status
+    from hotmount.wire.schemas import Status
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -123,7 +125,7 @@ def error_for(status: Status) -> HotmountClientError:
 
 
 def make_status(code: int, message: str, reason: str | None = None, **details: Any) -> Status:
-    from agent.schemas import Status
+    from hotmount.wire.schemas import Status
 
     return Status(
         reason=reason or DEFAULT_REASON.get(code, "Unknown"),

@@ -1,4 +1,6 @@
-"""The agent's wire format: request and response models, and the `Status` error body.
+"""The wire format the agent serves and nvcli reads: request and response models, and
+the `Status` error body. Both sides import it; it imports neither (pyproject.toml's
+import-linter contracts), and of the engine only a network interface's spec at run time.
 
 Paths (JSON, camelCase, OpenAPI at /openapi.json):
 
@@ -25,7 +27,7 @@ Every error is a `Status` with a `reason` a program can branch on.
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -37,8 +39,11 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from agent.idle import format_duration, parse_duration
-from hotmount.api import DEFAULT_INSIDE_NAME, Device, MigDetails, NetdevSpec
+from hotmount.netdev.plan import DEFAULT_INSIDE_NAME, NetdevSpec
+from hotmount.wire.durations import format_duration, parse_duration
+
+if TYPE_CHECKING:  # only the engine's side (the agent, `nvcli --local`) builds from these
+    from hotmount.devices.model import Device, MigDetails
 
 DeviceRef = Annotated[
     str,
@@ -59,7 +64,8 @@ IfAddress = Annotated[
 ContainerName = Annotated[
     str, StringConstraints(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ]
-# `30m`, `90s`, `1h30m` (agent/idle.py), read back in its short form (`90m` -> `1h30m`).
+# `30m`, `90s`, `1h30m` (hotmount/wire/durations.py), read back in its short form
+# (`90m` -> `1h30m`).
 Duration = Annotated[
     str,
     StringConstraints(max_length=32),
