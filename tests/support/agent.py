@@ -117,11 +117,12 @@ class AgentProcess:
         self.stop()
         raise RuntimeError(f"the agent did not come up: {self.log.read_text()[-3000:]}")
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 10) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(10)
+                self.process.wait(grace)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
