@@ -12,6 +12,7 @@ clear, and only those; and one look's answer stays small however many fds hold t
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -88,8 +89,11 @@ def test_a_forced_unmount_takes_the_gpu_from_a_container_that_floods_its_fds(
         # Nothing else: the container's init, which the look cleared, runs on.
         assert roomy.pid not in result.stopped_pids
         assert roomy.state()["status"] == "running"
-        # The refusal said which processes it could not look at, and why.
-        assert f"{min(flooding.pids)} (sleep)" in refused.value.message
+        # The refusal said which processes it could not look at, and why: flooding ones
+        # (which of them the budget left depends on how far the look got).
+        named = {int(pid) for pid in re.findall(r"(\d+) \(sleep\)", refused.value.message)}
+        assert named, refused.value.message
+        assert named <= set(flooding.pids), (named, flooding.pids)
         assert "largest fd tables" in refused.value.message
     finally:
         flooding.end()
