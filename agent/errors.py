@@ -68,7 +68,7 @@ class Unschedulable(ApiError):
 
 
 class PinRefused(ApiError):
-    """A resume could not pin the GPU it was to mount (agent/node/suspending.py): nothing
+    """A resume could not pin the GPU it was to mount (agent/suspend/suspending.py): nothing
     is mounted, no pin is left, the suspension is kept."""
 
     code, reason = 409, "PinRefused"

@@ -26,16 +26,20 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from agent import aggregated, logs, operations, server
-from agent.auth import Authenticator, Authorizer, FrontProxyTrust
+from agent import aggregated, logs, operations
+from agent.auth.authenticate import Authenticator
+from agent.auth.authorize import Authorizer
+from agent.auth.identity import FrontProxyTrust
+from agent.books.pins import HOLDER_LABELS
+from agent.cluster.gateway import Gateway
 from agent.config import AgentSettings, load_settings
 from agent.errors import ApiError, TooManyRequests, UpstreamError, status_of
-from agent.gateway import Gateway
-from agent.guard import Guard, Limits
-from agent.heartbeat import ReconcileHeartbeat
+from agent.http import server
+from agent.http.guard import Guard, Limits
 from agent.kube.client import KubeClient
 from agent.metrics import Metrics
 from agent.node import Node
+from agent.node.heartbeat import ReconcileHeartbeat
 from agent.node.reconcile import ReconcilePass
 from agent.podresources import PodResourcesClient
 from agent.routes import containers, devices, forwarding, health
@@ -64,6 +68,7 @@ def engine_from(settings: AgentSettings) -> Engine:
             driver_root=str(settings.driver_root) if settings.driver_root else None,
             inject_driver=settings.inject_driver,
             driver_host_root=settings.driver_host_root,
+            released_on_suspend=HOLDER_LABELS,
         )
     )
 

@@ -106,7 +106,7 @@ class _MountCollector(Collector):
 
 
 class _GpuStateCollector(Collector):
-    """Issue 34: the node's GPUs by state (agent/node/gpu_states.py), read at scrape time."""
+    """Issue 34: the node's GPUs by state (agent/books/gpu_states.py), read at scrape time."""
 
     def __init__(self, node: str, source: Callable[[], dict[str, int]]) -> None:
         self.node, self.source = node, source

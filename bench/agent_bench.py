@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from bench.stats import percentile, summary, timed
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
 from hotmount.errors import HotmountError
 from tests.support.agent import free_port
 from tests.support.runc import RuncContainer, make_rootfs, missing_requirements

@@ -48,7 +48,7 @@ status's ~280 ms: the interpreter and site 37 ms (this checkout's editable-insta
 included), typer with click ~55, httpx with httpcore and h11 ~95, PyYAML for the
 kubeconfig ~25, ssl ~20, then the request.
 
-Then nvcli speaks HTTP with the standard library's http.client (cli/http.py) instead of
+Then nvcli speaks HTTP with the standard library's http.client (cli/transport/http.py) instead of
 httpx. On the real node (`--kubectl --before 682434e`, 30 rounds interleaved, load
 ~1.2 with the node running): status 257 ms before / 195 ms after, `kubectl get --raw`
 83 ms: 3.10x / 2.36x (CPU 3.32x / 2.50x). Against the fake API server (20 rounds):

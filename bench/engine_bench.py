@@ -33,10 +33,10 @@ import tempfile
 from pathlib import Path
 
 from bench.stats import percentile, summary, timed
-from hotmount.claims import Claim, Footprint
-from hotmount.containers import ContainerResolver
 from hotmount.driver import sources
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
+from hotmount.host.containers import ContainerResolver
+from hotmount.state.claims import Claim, Footprint
 from hotmount.tenantfs import forked, workers
 from tests.support.fixtures import STAND_IN_SPEC
 from tests.support.runc import RuncContainer, make_rootfs, missing_requirements

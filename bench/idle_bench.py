@@ -23,7 +23,7 @@ GPUS = [
 ]
 SCRIPT = """
 import statistics, sys, time
-from hotmount.activity import ActivitySampler
+from hotmount.devices.activity import ActivitySampler
 uuids, passes = sys.argv[2:], int(sys.argv[1])
 sampler = ActivitySampler()
 start = time.perf_counter(); sampler.sample(uuids); first = time.perf_counter() - start

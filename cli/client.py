@@ -29,7 +29,7 @@ Results are the wire's models (`hotmount.wire.schemas`): `MountResult`, `Unmount
     ├── Timeout                        exit 6   504 from the agent, or the HTTP call timed out
     └── Unavailable                    exit 1   503, connection refused, TLS failure
 
-Two transports, one interface (cli/transport.py): `AgentTransport` speaks the agent's
+Two transports, one interface (cli/transport/transports.py): `AgentTransport` speaks the agent's
 `/v1` REST paths; `AggregatedTransport` speaks `hotmount.io/v1alpha1` through the API
 server (see docs/api.md). The `*_container` methods exist only on a standalone agent
 (`hotmount-agent --no-kubernetes`).
@@ -40,8 +40,8 @@ from __future__ import annotations
 import ssl
 from typing import TYPE_CHECKING, Any
 
-from cli.connect import http_client
-from cli.transport import (
+from cli.transport.connect import http_client
+from cli.transport.transports import (
     AGGREGATED_PREFIX,
     API_GROUP,
     API_VERSION,
@@ -158,7 +158,7 @@ class HotmountClient:
         A token is never sent in clear text over a network: `http://` is refused (ValueError)
         unless the host is loopback, as nvcli refuses it."""
         if token:
-            from cli.cleartext import refuse_plain_credentials
+            from cli.transport.cleartext import refuse_plain_credentials
 
             refuse_plain_credentials(url, "the bearer token")
         header = f"Bearer {token}" if token else None
@@ -174,7 +174,7 @@ class HotmountClient:
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> HotmountClient:
         """Call the aggregated API through the API server the kubeconfig names."""
-        from cli.kubeconfig import aggregated_http_client, load
+        from cli.transport.kubeconfig import aggregated_http_client, load
 
         kube = load(kubeconfig, context)
         http = aggregated_http_client(kube, timeout=timeout)

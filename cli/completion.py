@@ -68,7 +68,7 @@ def _lineage(ctx: click.Context) -> list[click.Context]:
 
 
 def _namespace(ctx: click.Context) -> str:
-    from cli.kubeconfig import context_namespace
+    from cli.transport.kubeconfig import context_namespace
 
     for level in _lineage(ctx):
         if level.params.get("namespace"):

@@ -1,5 +1,5 @@
 """The progress of a suspend or resume on a terminal (issue 33): while the POST runs, a
-thread polls GET on the same path (agent/node/suspend_progress.py says why a GET rather
+thread polls GET on the same path (agent/suspend/progress.py says why a GET rather
 than a streamed answer) and prints a line each time the counts change:
 
     suspend: 2 CUDA processes, 1.0 GiB of GPU memory

@@ -43,7 +43,7 @@ def parse_duration(text: str | None) -> float | None:
 def namespace_of(opts: Common) -> str:
     if opts.namespace:
         return opts.namespace
-    from cli.kubeconfig import context_namespace  # reads the kubeconfig's YAML
+    from cli.transport.kubeconfig import context_namespace  # reads the kubeconfig's YAML
 
     return context_namespace(opts.kubeconfig, opts.context)
 
@@ -65,7 +65,7 @@ def make_client(opts: Common) -> HotmountClient:
         elif opts.certificate_authority is not None:
             verify = str(opts.certificate_authority)
         if token:
-            from cli.cleartext import refuse_plain_credentials
+            from cli.transport.cleartext import refuse_plain_credentials
 
             try:
                 refuse_plain_credentials(opts.agent, "the --token")

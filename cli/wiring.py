@@ -3,9 +3,9 @@ the modes (`--local`, `--agent`), the pod or container a command is about, and o
 Commands (cli/commands/) import this; it imports no command.
 
 Start-up time is most of a call's wall time (docs/cli.md, "Start-up time"): this module imports
-typer and the cheap hotmount.wire.errors and cli.output only. The client (cli.client, cli.http),
-pydantic and the agent's models, the kubeconfig reader and the engine (cli.local) are
-imported by the commands that use them; tests/cli/test_imports.py holds that.
+typer and the cheap hotmount.wire.errors and cli.output only. The client (cli.client,
+cli.transport.http), pydantic and the agent's models, the kubeconfig reader and the engine
+(cli.local) are imported by the commands that use them; tests/cli/test_imports.py holds that.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any
 
 from hotmount.config import DEFAULT_STATE_DIR, EngineConfig
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS
-from hotmount.engine import Engine
+from hotmount.engine.core import Engine
 from hotmount.errors import Conflict, HotmountError, InvalidRequest, NotFound
 
 EXIT_ERROR, EXIT_USAGE, EXIT_CONFLICT, EXIT_NOT_FOUND = 1, 2, 3, 4

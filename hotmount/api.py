@@ -8,15 +8,22 @@ shares with the engine (claim rules, RDMA companions, the look at a GPU's holder
 bounded children's deadline). Everything else in `hotmount` may change without notice.
 """
 
-from hotmount.activity import ActivitySampler, GpuActivity
-from hotmount.claims import HOLDER_KEYS, Claim, Footprint, claimed_error
-from hotmount.claims import blocking as blocking_claims
 from hotmount.config import DEFAULT_STATE_DIR, EngineConfig
+from hotmount.devices.activity import ActivitySampler, GpuActivity
 from hotmount.devices.companions import rdma_for
 from hotmount.devices.inventory import DEFAULT_CDI_DIRS, Inventory
 from hotmount.devices.model import Device, DeviceKind, DeviceNode, MigDetails
 from hotmount.devices.rdma import RDMA_NODE_DIR, is_rdma
-from hotmount.engine import Engine
+from hotmount.engine.core import Engine
+from hotmount.engine.results import (
+    ContainerStatus,
+    MountedDevice,
+    MountResult,
+    ReconcileReport,
+    UnmountResult,
+)
+from hotmount.engine.suspension import DEFAULT_LOCK_TIMEOUT
+from hotmount.engine.view import Mounts
 from hotmount.errors import (
     ChildTimeout,
     Conflict,
@@ -37,7 +44,12 @@ from hotmount.errors import (
     ScanIncomplete,
     UnsafePath,
 )
-from hotmount.ledger import (
+from hotmount.host.usage import look as scan_holders
+from hotmount.host.usage import nvml_pids
+from hotmount.netdev.plan import DEFAULT_INSIDE_NAME, NetdevSpec
+from hotmount.state.claims import HOLDER_KEYS, Claim, Footprint, claimed_error
+from hotmount.state.claims import blocking as blocking_claims
+from hotmount.state.ledger import (
     ContainerRecord,
     DeviceRecord,
     Intent,
@@ -45,21 +57,10 @@ from hotmount.ledger import (
     atomic_write,
     now,
 )
-from hotmount.netdev.plan import DEFAULT_INSIDE_NAME, NetdevSpec
-from hotmount.results import (
-    ContainerStatus,
-    MountedDevice,
-    MountResult,
-    ReconcileReport,
-    UnmountResult,
-)
 from hotmount.suspend.choose import NoGpuFree
-from hotmount.suspend.flow import DEFAULT_LOCK_TIMEOUT, Progress
 from hotmount.suspend.model import Listed, ResumeResult, SuspendResult, gpu_uuid
+from hotmount.suspend.processes import Progress
 from hotmount.tenantfs.forked import last_finished, set_default_deadline
-from hotmount.usage import look as scan_holders
-from hotmount.usage import nvml_pids
-from hotmount.view import Mounts
 
 __all__ = [
     "DEFAULT_CDI_DIRS",

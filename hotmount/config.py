@@ -1,5 +1,5 @@
 """The engine's configuration: where the host, the state and the driver's files are,
-and what may move. Apart from hotmount/engine.py so that the layers the engine drives
+and what may move. Apart from hotmount/engine/core.py so that the layers the engine drives
 (hotmount/suspend/) can read it without importing the engine."""
 
 from __future__ import annotations
@@ -32,3 +32,7 @@ class EngineConfig:
     # where the host's / is seen for the driver's files (driver root, CDI hostPaths):
     # the chart mounts it at /host; None: host_root
     driver_host_root: Path | None = None
+    # Mount labels (metadata keys) the caller releases when it suspends a container's GPUs
+    # (the agent: the pin or holder pod a label names): not carried onto the GPUs a resume
+    # mounts. The engine never reads them otherwise.
+    released_on_suspend: frozenset[str] = frozenset()

@@ -141,7 +141,7 @@ class ScanIncomplete(ChildTimeout):
     """The look at a container's open files could not finish in time (a flood of fds, a
     filesystem that does not answer): whether `unclassified` hold the device is unknown.
     An unmount without `force` is refused with it, and nothing changes; `force` goes on
-    without that answer (hotmount/usage.py)."""
+    without that answer (hotmount/host/usage.py)."""
 
     def __init__(self, message: str, unclassified: list[Holder]) -> None:
         super().__init__(message)

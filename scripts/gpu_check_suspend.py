@@ -60,7 +60,7 @@ def worker(gib: float, status: str, go: str) -> int:
 
 
 def engine(op: str, ref: str) -> int:
-    from hotmount.engine import Engine, EngineConfig
+    from hotmount.engine.core import Engine, EngineConfig
     from hotmount.errors import HotmountError
 
     made = Engine(EngineConfig(driver_root="/"))  # the engine CLI's defaults otherwise

@@ -2,7 +2,7 @@
 
 kubectl and nvcli reach it through the API server with the kubeconfig's own
 credentials; the API server authenticates, then forwards the user in
-`X-Remote-*` headers (verified in agent/auth.py). Authorization is ours: the same
+`X-Remote-*` headers (verified in agent/auth/). Authorization is ours: the same
 SubjectAccessReviews as the /v1 API. Discovery documents are open to every
 authenticated caller, as Kubernetes' own are.
 

@@ -11,9 +11,9 @@ from fastapi import Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from agent.aggregated.objects import kube_list
-from agent.auth import Identity
-from agent.fanout import MissingNode, missing_warnings
-from agent.gateway import LOCAL_ONLY, Gateway
+from agent.auth.identity import Identity
+from agent.cluster.fanout import MissingNode, missing_warnings
+from agent.cluster.gateway import LOCAL_ONLY, Gateway
 from hotmount.wire.tables import IncludeObject, table, table_version
 
 # `?includeObject=`: what a Table row carries (kubectl asks for Metadata, the default).
@@ -68,5 +68,5 @@ def _other_nodes(request: Request, caller: Identity, gateway: Gateway | None) ->
     """The same list from every other agent, unless this request is one of those asks."""
     if gateway is None or request.headers.get(LOCAL_ONLY):
         return _Others()
-    fanned = gateway.fan_out(caller, request.url.path)  # validated (agent/peer_answers.py)
+    fanned = gateway.fan_out(caller, request.url.path)  # validated (agent/cluster/peer_answers.py)
     return _Others(items=fanned.items, missing=list(fanned.missing))

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from agent.aggregated.objects import GROUP, GROUP_VERSION, PREFIX, VERSION
-from agent.deps import Caller
+from agent.http.deps import Caller
 
 router = APIRouter(prefix=PREFIX, tags=["aggregated"])
 

@@ -12,9 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.aggregated.answers import Include, list_answer
 from agent.aggregated.objects import GROUP_VERSION, PREFIX, VERSION, kube_object
-from agent.auth import Authorizer, Identity
-from agent.deps import Authz, Caller, Gate, Listing
+from agent.auth.authorize import Authorizer
+from agent.auth.identity import Identity
 from agent.errors import BadRequest, Forbidden, UnsupportedMediaType
+from agent.http.deps import Authz, Caller, Gate, Listing
 from agent.node.desired import DesiredMount
 from agent.routes.pods import Namespace
 from hotmount.wire.schemas import MountRequest, PodDevices

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request
 
 from agent.aggregated.answers import Include, list_answer, one_answer
 from agent.aggregated.objects import PREFIX, VERSION, kube_object
-from agent.deps import Authz, Caller, Gate, Listing
-from agent.gateway import LOCAL_ONLY
+from agent.cluster.gateway import LOCAL_ONLY
+from agent.http.deps import Authz, Caller, Gate, Listing
 from agent.node import listing as node_listing
 from agent.routes.forwarding import forward
 from agent.routes.pods import PodName

@@ -1,6 +1,6 @@
 """The objects of `hotmount.io/v1alpha1` as they go on the wire: the group's names, and
 the object and list wrappers that every resource's answers share (peers' answers are
-validated against the same shape, agent/peer_answers.py)."""
+validated against the same shape, agent/cluster/peer_answers.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The DRA calls the agent makes (``resource.k8s.io/v1``), over the official client.
 
-Objects go in and come out as plain JSON dicts, as agent/node/dra.py builds and reads
+Objects go in and come out as plain JSON dicts, as agent/books/dra.py builds and reads
 them, so nothing outside agent/kube touches the client's models. Errors map as
 agent/kube/client.py maps them: a quota's refusal to QuotaExceeded, 403 to Forbidden,
 everything else to UpstreamError.

@@ -1,38 +1,39 @@
 """The node: pods to containers, the kubelet's books, holder pods, then the engine.
 
-One module per use case (mounting, moves, listing, the reconcile pass) and the parts
-they share (container locks, targets, the kubelet's books, holder pods, idle reclaim),
-each given what it uses in its constructor. `Node.build` wires them; the routes reach
-the use case they serve through agent/deps.py.
+One module per use case here (mounting, moves, listing, the reconcile pass), and beside
+it the sub-systems they use: agent/common/ (container locks, targets, results),
+agent/books/ (the kubelet's books, pins, holder pods), agent/idle/ and agent/suspend/.
+Each part is given what it uses in its constructor. `Node.build` wires them; the routes
+reach the use case they serve through agent/http/deps.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.books.accounting import Accounting
+from agent.books.double_booking import DoubleBookings
+from agent.books.gpu_states import GpuStates
+from agent.books.holders import HolderPods
+from agent.books.kubelet import KubeletBooks
+from agent.books.pins import Pins
+from agent.books.plugin_pins import PluginPins
+from agent.common.background import Background
+from agent.common.locks import ContainerLocks
+from agent.common.targets import Targets
 from agent.config import AgentSettings
+from agent.idle.reclaim import IdleReclaim
 from agent.kube.client import KubeClient
 from agent.kube.dra import ResourceApi
 from agent.metrics import Metrics
-from agent.node.accounting import Accounting
-from agent.node.background import Background
 from agent.node.desired import DesiredMounts
-from agent.node.double_booking import DoubleBookings
-from agent.node.gpu_states import GpuStates
-from agent.node.holders import HolderPods
-from agent.node.idle_reclaim import IdleReclaim
-from agent.node.kubelet import KubeletBooks
 from agent.node.listing import Listing
-from agent.node.locks import ContainerLocks
 from agent.node.mounting import Mounting
 from agent.node.moves import Moves
-from agent.node.pins import Pins
-from agent.node.plugin_pins import PluginPins
 from agent.node.reconcile import ReconcilePass
 from agent.node.remounts import Remounts
-from agent.node.suspending import Suspending
-from agent.node.targets import Targets
 from agent.podresources import PodResourcesClient
+from agent.suspend.suspending import Suspending
 from hotmount.api import Engine
 
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from agent import idle
+from agent.books.accounting import Accounting
+from agent.books.kubelet import KubeletBooks, KubeletHold
+from agent.books.pins import pin_of
+from agent.common.results import POD_UID, require_kube
+from agent.common.targets import Targets
 from agent.config import AgentSettings
 from agent.errors import PodNotFound
+from agent.idle import policy as idle
+from agent.idle.reclaim import IdleReclaim
 from agent.kube.client import KubeClient
 from agent.metrics import MountSample
-from agent.node.accounting import Accounting
-from agent.node.idle_reclaim import IdleReclaim
-from agent.node.kubelet import KubeletBooks, KubeletHold
-from agent.node.pins import pin_of
-from agent.node.results import POD_UID, require_kube
-from agent.node.targets import Targets
 from hotmount.api import Claim, DeviceKind, DeviceRecord, Engine, SuspendedGpu
 from hotmount.wire.durations import format_duration
 from hotmount.wire.results import hot_holder, pod_of

@@ -11,18 +11,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from agent import idle
-from agent.errors import BadRequest, PodNotRunning, UpstreamError
-from agent.kube.client import ContainerInfo, KubeClient, PodInfo
-from agent.metrics import Metrics
-from agent.node.desired import DesiredMount, DesiredMounts, difference
-from agent.node.holders import HolderPods
-from agent.node.idle_reclaim import IdleReclaim
-from agent.node.kubelet import KubeletBooks
-from agent.node.locks import ContainerLocks
-from agent.node.pins import Pins, pin_metadata, pin_of
-from agent.node.remounts import forget_devices, named_holders
-from agent.node.results import (
+from agent.books.holders import HolderPods, named_holders
+from agent.books.kubelet import KubeletBooks
+from agent.books.pins import Pins, pin_metadata, pin_of
+from agent.common.locks import ContainerLocks
+from agent.common.results import (
     ONCE,
     label,
     measure,
@@ -31,7 +24,14 @@ from agent.node.results import (
     record_event,
     unclassified_text,
 )
-from agent.node.targets import Targets
+from agent.common.targets import Targets
+from agent.errors import BadRequest, PodNotRunning, UpstreamError
+from agent.idle import policy as idle
+from agent.idle.reclaim import IdleReclaim
+from agent.kube.client import ContainerInfo, KubeClient, PodInfo
+from agent.metrics import Metrics
+from agent.node.desired import DesiredMount, DesiredMounts, difference
+from agent.node.remounts import forget_devices
 from hotmount.api import DeviceKind, Engine, HotmountError, now, rdma_for
 from hotmount.api import MountResult as EngineMountResult
 from hotmount.wire.durations import format_duration

@@ -6,15 +6,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from agent.books.holders import HOLDER_LABEL
+from agent.books.pins import pin_of
+from agent.common.locks import ContainerLocks
+from agent.common.results import device_label, measure, record_event, require_kube
+from agent.common.targets import Targets
 from agent.errors import ApiError
 from agent.kube.client import KubeClient, PodInfo
 from agent.metrics import Metrics
-from agent.node.holders import HOLDER_LABEL
-from agent.node.locks import ContainerLocks
 from agent.node.mounting import Mounting
-from agent.node.pins import pin_of
-from agent.node.results import device_label, measure, record_event, require_kube
-from agent.node.targets import Targets
 from hotmount.api import Device, DeviceRecord, Engine, HotmountError
 from hotmount.wire.schemas import MountRequest, ReassignRequest, ReassignResult
 

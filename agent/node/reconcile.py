@@ -5,9 +5,9 @@ GPUs, idle GPUs.
 
 The pass never waits on a container's lock: one that another call holds (a suspension
 runs for minutes) is skipped and looked at again in the next pass
-(agent/node/locks.py). Work that takes minutes on one container, an idle suspension
+(agent/common/locks.py). Work that takes minutes on one container, an idle suspension
 or the repair of a suspension a crash left part-way, is started beside it
-(agent/node/background.py), so the pass, and /healthz with it, keeps its pace."""
+(agent/common/background.py), so the pass, and /healthz with it, keeps its pace."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ import functools
 import logging
 from dataclasses import dataclass
 
+from agent.books.double_booking import DoubleBookings
+from agent.books.holders import HolderPods, named_holders
+from agent.common.background import Background
+from agent.common.locks import ContainerLocks
 from agent.errors import ApiError, PodNotFound
+from agent.idle.reclaim import IdleReclaim
 from agent.kube.client import KubeClient
 from agent.metrics import Metrics
-from agent.node.background import Background
 from agent.node.desired import DesiredMounts
-from agent.node.double_booking import DoubleBookings
-from agent.node.holders import HolderPods
-from agent.node.idle_reclaim import IdleReclaim
-from agent.node.locks import ContainerLocks
-from agent.node.remounts import Remounts, named_holders
+from agent.node.remounts import Remounts
 from hotmount.api import ContainerRecord, Engine, ReconcileReport
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from agent.common.locks import ContainerLocks
+from agent.common.results import ONCE, POD_UID, record_event
 from agent.errors import ApiError, PodNotFound
 from agent.kube.client import KubeClient, PodInfo
-from agent.node.locks import ContainerLocks
-from agent.node.results import ONCE, POD_UID, record_event
 from hotmount.api import (
     HOLDER_KEYS,
     ContainerRecord,
@@ -194,13 +194,3 @@ def owner_of(record: ContainerRecord) -> dict[str, str] | None:
                 "containerId": record.container_id or record.key,
             }
     return None
-
-
-def named_holders(intents: Iterable[Intent]) -> set[tuple[str, str]]:
-    """(namespace, holder) of every pin and holder an intent names: kept while it waits."""
-    return {
-        (d.metadata["namespace"], d.metadata["holder"])
-        for intent in intents
-        for d in intent.devices.values()
-        if d.metadata.get("namespace") and d.metadata.get("holder")
-    }

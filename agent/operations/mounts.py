@@ -28,7 +28,8 @@ from agent.aggregated.gpumounts import (
     refuse_dry_run,
 )
 from agent.aggregated.objects import VERSION, kube_object
-from agent.auth import Authorizer, Identity
+from agent.auth.authorize import Authorizer
+from agent.auth.identity import Identity
 from agent.errors import BadRequest
 from agent.node.desired import merge_patch
 from agent.operations.placement import Ask, Call

@@ -3,14 +3,14 @@ pod looked up once, then the call done here (the use case gets the pod, and its
 `measure()` starts knowing the pod is local) or forwarded to the pod's node's agent, whose
 answer passes through as it came (agent/routes/forwarding.py).
 
-The receiving agent of a forwarded call authenticates (agent/guard.py) and authorizes
+The receiving agent of a forwarded call authenticates (agent/http/guard.py) and authorizes
 the caller itself before it looks at the pod, as for any call: a forwarded call is
 trusted no more than a direct one.
 
 Metrics: a call forwarded is counted here once, as `hotmount_operations_total{result=
 "forwarded"}`, and as its real result on the agent that does it. A call that fails here
 before its operation starts (the pod's lookup, a forward that cannot go) is this agent's
-answer, counted as such (agent/node/results.py `measure_failure`).
+answer, counted as such (agent/common/results.py `measure_failure`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from typing import Any
 
 from fastapi import Request
 
-from agent.auth import Authorizer, Identity
+from agent.auth.authorize import Authorizer
+from agent.auth.identity import Identity
+from agent.cluster.gateway import Gateway
+from agent.common.results import measure_failure
 from agent.errors import ApiError
-from agent.gateway import Gateway
 from agent.kube.client import PodInfo
 from agent.node import Node
-from agent.node.results import measure_failure
 from agent.routes.forwarding import Forwarded, forward
 
 

@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse, Response
 
 from agent.aggregated.objects import GROUP_VERSION, VERSION, kube_object
 from agent.aggregated.reassignments import NamespacedReassignmentBody, ReassignmentBody
-from agent.auth import Authorizer, Identity
+from agent.auth.authorize import Authorizer
+from agent.auth.identity import Identity
 from agent.operations.placement import Ask, Call
 from agent.operations.table import Args, Face, Operation, body, path
 from agent.routes.pods import Namespace

@@ -8,7 +8,7 @@ the pod; and for a suspend that finds processes holding the GPUs, `force` too (i
 the GPUs from them, as a forced unmount does).
 
 GET on the same paths answers the progress of the one running (OperationProgress; in the
-aggregated face, in the object's status; agent/node/suspend_progress.py says why a
+aggregated face, in the object's status; agent/suspend/progress.py says why a
 polled GET). The API server authorizes `get` on the subresource, and the agent asks the
 POST's own verb on the pod, so that who may not suspend a pod may not watch its
 suspension either. A suspend or resume running here is answered with no look at the pod.
@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from agent.aggregated.objects import VERSION, kube_object
-from agent.auth import Authorizer, Identity
+from agent.auth.authorize import Authorizer
+from agent.auth.identity import Identity
 from agent.node import Node
 from agent.operations.placement import Ask, Call
 from agent.operations.table import Args, Face, Operation, body, path, query

@@ -14,8 +14,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from agent.auth import Authorizer, Identity
-from agent.deps import Caller
+from agent.auth.authorize import Authorizer
+from agent.auth.identity import Identity
+from agent.http.deps import Caller
 from agent.node import Node
 from agent.operations.placement import Ask, Call, place
 from agent.routes.forwarding import Forwarded

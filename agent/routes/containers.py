@@ -12,7 +12,7 @@ from typing import Annotated
 import anyio.to_thread
 from fastapi import APIRouter, Path
 
-from agent.deps import Authz, Caller, Listing, Mounting
+from agent.http.deps import Authz, Caller, Listing, Mounting
 from agent.routes.pods import DevicePath
 from hotmount.wire.schemas import MountRequest, MountResult, PodDevices, UnmountResult
 

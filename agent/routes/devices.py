@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from agent.deps import Authz, Caller, Listing
+from agent.http.deps import Authz, Caller, Listing
 from hotmount.wire.schemas import DeviceList
 
 router = APIRouter(prefix="/v1", tags=["devices"])

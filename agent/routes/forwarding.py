@@ -11,9 +11,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from agent.auth import Identity
+from agent.auth.identity import Identity
+from agent.cluster.gateway import FORWARDED, Gateway
 from agent.errors import NotOnThisNode
-from agent.gateway import FORWARDED, Gateway
 
 
 class Forwarded(Exception):

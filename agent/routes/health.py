@@ -19,8 +19,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agent.deps import request_identity
 from agent.errors import NotReady, UpstreamError
+from agent.http.deps import request_identity
 
 router = APIRouter(tags=["health"])
 _KUBE_CHECK_SECONDS = 5.0
@@ -29,7 +29,7 @@ _PROBE_THREADS = anyio.CapacityLimiter(2)  # apart from the default pool the rou
 
 @router.get("/healthz")
 async def healthz(request: Request) -> dict[str, str]:
-    """Live: the reconcile loop finished a pass recently (agent/heartbeat.py). A hung
+    """Live: the reconcile loop finished a pass recently (agent/node/heartbeat.py). A hung
     reconcile thread answers every route but does none of its work: restart it."""
     stalled = request.app.state.heartbeat.stalled()
     if stalled is not None:

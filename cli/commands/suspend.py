@@ -23,7 +23,7 @@ from cli.reach import UsageError, make_client, namespace_of
 from cli.wiring import with_common
 
 if TYPE_CHECKING:
-    from cli.transport import Op
+    from cli.transport.transports import Op
 
 Name = Annotated[str | None, typer.Option("--name", metavar="POD", help="the pod")]
 Container = Annotated[

@@ -15,7 +15,7 @@ from hotmount.devices import rdma
 from hotmount.devices.inventory import Inventory
 from hotmount.devices.model import Device
 from hotmount.errors import InvalidDeviceRef
-from hotmount.ledger import ContainerRecord
+from hotmount.state.ledger import ContainerRecord
 
 
 def rdma_for(

@@ -12,12 +12,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from hotmount import claims
 from hotmount.devices import cdi, mig, mig_nvml, nvidia, rdma, topology
 from hotmount.devices.model import Device, DeviceKind, DeviceNode, MigDetails
 from hotmount.devices.topology import PciLocation
 from hotmount.errors import DeviceNotFound, InvalidDeviceRef
 from hotmount.hostfs import HostRoot
+from hotmount.state import claims
 
 DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
@@ -188,7 +188,7 @@ class Inventory:
         return self._by_name.get(key)
 
     def footprint(self, device: Device) -> claims.Footprint:
-        """The physical numbers `device` holds (see hotmount/claims.py)."""
+        """The physical numbers `device` holds (see hotmount/state/claims.py)."""
         found = self._footprints.get(device.key)
         return found if found is not None else claims.footprint(device, self._ignore)
 

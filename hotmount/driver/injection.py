@@ -1,4 +1,4 @@
-"""The driver's part of the engine's mount, unmount and reconcile (hotmount/engine.py).
+"""The driver's part of the engine's mount, unmount and reconcile (hotmount/engine/core.py).
 
 Order, so that no process sees the GPU without its libraries: a mount places the files
 after the grant and before the device nodes; an unmount, and a rollback, take the nodes
@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hotmount.containers import Container
 from hotmount.devices.model import Device
 from hotmount.driver import sources, steps
 from hotmount.driver.place import DriverPlacer
 from hotmount.errors import DriverRefused, DriverUnavailable, UnsafePath
+from hotmount.host.containers import Container
 from hotmount.hostfs import HostRoot
-from hotmount.ledger import ContainerRecord, DriverFileRecord
+from hotmount.state.ledger import ContainerRecord, DriverFileRecord
 from hotmount.tenantfs import workers
 
 log = logging.getLogger(__name__)

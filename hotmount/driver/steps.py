@@ -12,7 +12,7 @@ from hotmount.driver.files import DriverFile
 from hotmount.driver.place import DriverPlacer, Mounted
 from hotmount.driver.sources import DriverPlan
 from hotmount.errors import HotmountError
-from hotmount.ledger import DriverFileRecord
+from hotmount.state.ledger import DriverFileRecord
 
 log = logging.getLogger(__name__)
 

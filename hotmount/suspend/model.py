@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hotmount.devices.model import Device, DeviceKind
-from hotmount.ledger import CudaProcess
+from hotmount.state.ledger import CudaProcess
 
 # A process in a result: {"pid": host PID, "containerPid": its PID in the container's
 # PID namespace or None, "gpuBytes": its GPU memory}. The agent tells tenants the
-# container's PID only (agent/node/suspending.py).
+# container's PID only (agent/suspend/suspending.py).
 Listed = dict[str, int | None]
 
 

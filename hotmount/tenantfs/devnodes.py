@@ -93,7 +93,7 @@ def _split(path: str) -> tuple[str, str]:
 
 
 class Resolved(Protocol):
-    """What the door needs of a resolved container (hotmount.containers.Container, which
+    """What the door needs of a resolved container (hotmount.host.containers.Container, which
     imports this package: a Protocol keeps the import graph one way)."""
 
     @property

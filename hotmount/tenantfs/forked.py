@@ -42,7 +42,7 @@ _finished_at: dict[int, float] = {}  # thread -> when a child of its last came b
 
 def last_finished(thread: int) -> float | None:
     """When a child that `thread` ran last finished or was killed (time.monotonic()):
-    a thread waiting on bounded children is slow, not stuck (agent/heartbeat.py)."""
+    a thread waiting on bounded children is slow, not stuck (agent/node/heartbeat.py)."""
     return _finished_at.get(thread)
 
 

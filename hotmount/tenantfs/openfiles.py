@@ -33,7 +33,7 @@ outlast any deadline. So a scan never depends on finishing (issue 40):
 - each pass stops looking after a budget (`BUDGET_SHARE` of the deadline) and answers
   what it knows: the holders it found, and the processes it could not finish
   (`Scan.unclassified`, with `why`); a pass killed at its deadline leaves every process
-  it was asked about unclassified. What callers do with that is hotmount/usage.py's;
+  it was asked about unclassified. What callers do with that is hotmount/host/usage.py's;
 - processes are looked at smallest fd table first (`FDSize`), so the ones that flood
   are left over, not the others;
 - what one answer carries is bounded whatever the container holds open: a holder's

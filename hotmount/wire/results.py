@@ -24,8 +24,8 @@ from hotmount.wire.schemas import (
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from hotmount import results as engine
-    from hotmount.claims import Claim
+    from hotmount.engine import results as engine
+    from hotmount.state.claims import Claim
 
 
 def engine_status(exc: HotmountError) -> Status:

@@ -239,7 +239,7 @@ class MountRequest(Request):
     with_netdev: bool | None = None
     netdev: NetdevRequest | None = None
     idle_timeout: Duration | None = None
-    # `unheld`, `unused` or `suspend` (agent/idle.py); else hotmount.io/idle-policy, else
+    # `unheld`, `unused` or `suspend` (agent/idle/policy.py); else hotmount.io/idle-policy, else
     # --idle-policy.
     idle_policy: Literal["unheld", "unused", "suspend"] | None = None
     # How long before the reclaim the GPUIdleSoon warning comes (below idleTimeout); else
@@ -380,7 +380,7 @@ class UnmountResult(Model):
 # suspend: the one step of a suspension whose length the caller picks. For all of it
 # the container's lock is held, so reconcile skips that container's repairs (the
 # take-back of a GPU whose pin the tenant deleted, a double booking) until it ends.
-# Kept well below the liveness allowance (agent/heartbeat.py: 60 s by default), which
+# Kept well below the liveness allowance (agent/node/heartbeat.py: 60 s by default), which
 # counts a bounded child as progress only when it returns: the lock call may last this
 # plus a 30 s margin (hotmount/suspend/cuda.py), so even on a thread the heartbeat
 # watches, one lock step ends within the default allowance. With 300 s, a tenant's
@@ -437,7 +437,7 @@ class ResumeResult(Model):
 
 class OperationProgress(Model):
     """GET .../suspend or .../resume: the operation of that kind running on the pod, for a
-    caller to poll while its POST runs (agent/node/suspend_progress.py says why a GET).
+    caller to poll while its POST runs (agent/suspend/progress.py says why a GET).
     `running: false` when none runs (not yet, or done). Counts grow as it goes: processes
     locked and checkpointed (suspend) or restored (resume), and `movedBytes`, the GPU
     memory (NVML's per-process used memory) of the processes checkpointed or restored so

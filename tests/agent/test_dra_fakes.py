@@ -1,7 +1,7 @@
 """A DRA pin through the real clients: ResourceApi (the official client) against the fake
 API server's resource.k8s.io/v1, and PodResourcesClient against the fake kubelet's socket.
 
-The claim is the one agent/node/dra.py builds, the holder the one it rewrites; nothing is
+The claim is the one agent/books/dra.py builds, the holder the one it rewrites; nothing is
 patched, so a wrong field name on either side shows up as a pod that never schedules.
 """
 
@@ -14,9 +14,9 @@ import grpc
 import pytest
 from kubernetes import client as k8s
 
+from agent.books.dra import GPU_DRIVER, ClaimAllocation, claim_manifest, slice_devices, with_claim
 from agent.errors import Forbidden, UpstreamError
 from agent.kube.dra import ResourceApi
-from agent.node.dra import GPU_DRIVER, ClaimAllocation, claim_manifest, slice_devices, with_claim
 from agent.podresources import PodResourcesClient
 from agent.podresources.generated import api_pb2, api_pb2_grpc
 from tests.fakes import FakeKubeApiServer, FakePodResourcesServer

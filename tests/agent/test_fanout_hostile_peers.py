@@ -1,7 +1,7 @@
 """A list across the cluster survives what a compromised node's agent can send it.
 
 Root on one GPU node holds the agents' token and can answer other agents' lists with
-anything (agent/peer_answers.py). node-a is a real agent; the stand-ins, registered as
+anything (agent/cluster/peer_answers.py). node-a is a real agent; the stand-ins, registered as
 agent pods of their own nodes, send: a body larger than --list-max-bytes (declared, and
 streamed without end), a trickle, one malformed item, objects of another node, and ANSI
 escapes in their error. Each becomes a missing node with a reason, never a 500, never

@@ -264,7 +264,7 @@ def test_a_kubectl_call_for_another_node_is_asserted_within_the_new_bounds(
         if r["spec"]["user"] == "kubernetes-admin"
     ]
     assert admins == [["system:masters", "system:authenticated"], ["system:authenticated"]]
-    assert any(m.startswith("forwarding") for m in messages(node_a, "agent.gateway"))
+    assert any(m.startswith("forwarding") for m in messages(node_a, "agent.cluster.gateway"))
 
 
 # -- item 6: PATCH authorizes before it looks the pod up -------------------------------------
@@ -293,4 +293,4 @@ def test_patch_without_rights_is_403_whether_the_pod_exists_or_not(cluster: Clus
             '"default" (pod default/POD)'
         )
     assert pod_reads(cluster.kube.requests()[before:]) == []
-    assert not any(m.startswith("forwarding") for m in messages(node_a, "agent.gateway"))
+    assert not any(m.startswith("forwarding") for m in messages(node_a, "agent.cluster.gateway"))

@@ -105,7 +105,7 @@ def test_mount_get_unmount_forwarded_to_the_pods_node(cluster: Cluster) -> None:
         assert again.status_code in (400, 404), again.text
         assert again.json()["kind"] == "Status"
 
-    forwarded = [m for m in messages(node_a, "agent.gateway") if m.startswith("forwarding")]
+    forwarded = [m for m in messages(node_a, "agent.cluster.gateway") if m.startswith("forwarding")]
     assert len(forwarded) == 4 and all("for alice to node-b" in m for m in forwarded)
     decisions = messages(node_b, "hotmount.audit")
     for verb in ("create", "get", "delete"):
@@ -113,7 +113,7 @@ def test_mount_get_unmount_forwarded_to_the_pods_node(cluster: Cluster) -> None:
             m.startswith(f"allow user=alice via=gateway verb={verb} pod=default/nb")
             for m in decisions
         ), decisions
-    assert not any(m.startswith("forwarding") for m in messages(node_b, "agent.gateway"))
+    assert not any(m.startswith("forwarding") for m in messages(node_b, "agent.cluster.gateway"))
 
 
 def test_lists_fan_out_to_every_agent(cluster: Cluster) -> None:
@@ -214,7 +214,7 @@ def test_a_forwarded_request_is_never_forwarded_again(cluster: Cluster) -> None:
         assert body["reason"] == "NotOnThisNode" and body["details"] == {"node": "node-a"}
     assert container.open_result(NVIDIA3) == "ENOENT"
     assert len(requests_seen(node_a)) == seen_before  # node-a never heard of them
-    assert not any(m.startswith("forwarding") for m in messages(node_b, "agent.gateway"))
+    assert not any(m.startswith("forwarding") for m in messages(node_b, "agent.cluster.gateway"))
 
     # while alice's own call is forwarded as usual
     with node_b.client(ALICE) as api:

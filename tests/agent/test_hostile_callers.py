@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
-from hotmount.ledger import Ledger
+from hotmount.state.ledger import Ledger
 from tests.agent.conftest import ALICE, BOB, METRICS, Cluster
 from tests.agent.test_auth import assert_status
 from tests.fakes.kube_apiserver import Stall

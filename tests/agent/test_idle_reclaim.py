@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hotmount.ledger import Ledger
+from hotmount.state.ledger import Ledger
 from tests.agent.conftest import ALICE, DANA, METRICS, Cluster
 from tests.support.agent import GPUS, AgentProcess
 from tests.support.runc import RuncContainer

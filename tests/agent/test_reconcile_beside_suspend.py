@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from hotmount.ledger import Ledger
+from hotmount.state.ledger import Ledger
 from tests.agent.conftest import ALICE
 from tests.agent.test_accounting import pins_of
 from tests.agent.test_idle_reclaim import HUNG, passes

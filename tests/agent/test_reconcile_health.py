@@ -13,7 +13,7 @@ import re
 import httpx
 import pytest
 
-from hotmount.ledger import Ledger
+from hotmount.state.ledger import Ledger
 from tests.agent.conftest import ALICE, METRICS, Cluster
 from tests.agent.test_idle_reclaim import HUNG, mount_fuse_gpu, wait_passes
 from tests.support.agent import GPUS

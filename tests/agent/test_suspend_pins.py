@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from hotmount.ledger import Ledger
+from hotmount.state.ledger import Ledger
 from tests.agent.conftest import ALICE
 from tests.agent.test_accounting import gpu_pod, pins_of
 from tests.agent.test_pins_at_admission import blockers

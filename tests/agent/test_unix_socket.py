@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.server import bind_private, publish
+from agent.http.server import bind_private, publish
 from tests.support.agent import standalone_agent, write_driver_tree
 
 pytestmark = pytest.mark.kernel

@@ -1,4 +1,4 @@
-"""nvcli's HTTP layer (cli/http.py) against real sockets: a recording HTTP(S) server, a
+"""nvcli's HTTP layer (cli/transport/http.py) against real sockets: a recording HTTP(S) server, a
 recording proxy, certificates from a throwaway CA. What arrives on the wire is checked,
 not what the client meant to send."""
 
@@ -17,8 +17,8 @@ from typing import BinaryIO
 
 import pytest
 
-from cli.http import HttpClient, HttpError, HttpTimeout, tls_context
-from cli.proxy import Proxy, environment_proxy
+from cli.transport.http import HttpClient, HttpError, HttpTimeout, tls_context
+from cli.transport.proxy import Proxy, environment_proxy
 from tests.fakes.pki import CertificateAuthority, CertPaths
 from tests.support.http_proxy import RecordingProxy
 from tests.support.http_recorder import RecordingServer, Reply, Seen

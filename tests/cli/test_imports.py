@@ -26,7 +26,7 @@ HEAVY = (
     "kubernetes",  # the official client: only for exec and auth-provider kubeconfigs
     "rich",  # typer's pretty output: nvcli prints plain text
     "pygments",  # with rich
-    "httpx",  # the agent's HTTP client; nvcli's is cli/http.py
+    "httpx",  # the agent's HTTP client; nvcli's is cli/transport/http.py
     "pydantic",
     "agent",  # the agent's models, built at import
     "hotmount",  # the engine: --local only (and the wire's models: see AT_START)
@@ -34,8 +34,8 @@ HEAVY = (
     "importlib.metadata",
 )
 # Never, whatever the command: the output and the kubeconfig do not need them, and
-# nvcli speaks HTTP with the standard library's http.client (cli/http.py).
-NEVER = ("kubernetes", "rich", "pygments", "hotmount.engine", "httpx", "httpcore", "h11")
+# nvcli speaks HTTP with the standard library's http.client (cli/transport/http.py).
+NEVER = ("kubernetes", "rich", "pygments", "hotmount.engine.core", "httpx", "httpcore", "h11")
 # Not for `nvcli status`, which renders the agent's JSON as it came.
 MODELS = ("pydantic", "hotmount.wire.schemas")
 
@@ -127,7 +127,7 @@ def test_status_direct_to_an_agent(stub: StubAgent) -> None:
     assert result["out"].startswith("POD")
     assert loaded(result, NEVER) == []
     # A table, the namespace given: no kubeconfig to read.
-    assert loaded(result, ("yaml", "cli.kubeconfig")) == []
+    assert loaded(result, ("yaml", "cli.transport.kubeconfig")) == []
     # The reply rendered as it came: no models built (they cost more than the request).
     assert loaded(result, MODELS) == []
     assert loaded(result, QUICK) == []

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from cli.client import HotmountClient
-from cli.kubeconfig import KubeconfigError, context_namespace, load, resolve_path
+from cli.transport.kubeconfig import KubeconfigError, context_namespace, load, resolve_path
 from tests.cli.conftest import Cluster
 
 
@@ -59,7 +59,7 @@ def test_namespace_comes_from_the_context(tmp_path: Path) -> None:
 def test_a_kubeconfig_is_parsed_once_and_again_when_it_changes(tmp_path: Path) -> None:
     """A command reads it twice (namespace, then client): parsed once. A notebook kernel
     keeps the process: an edit to the file is seen at the next read."""
-    from cli import kubeconfig
+    from cli.transport import kubeconfig
 
     config = str(write(tmp_path / "config"))
     assert context_namespace(config) == "ml"
@@ -96,7 +96,7 @@ def test_load_resolves_server_and_token(tmp_path: Path) -> None:
         "default",
         "https://10.0.0.1:6443",
     )
-    from cli.kubeconfig import authorization
+    from cli.transport.kubeconfig import authorization
 
     assert authorization(kube.configuration) == "Bearer t0ken"
 
@@ -189,7 +189,7 @@ def _pem(cfg: object, file_attr: str, data_attr: str) -> str | None:
     ],
 )
 def test_static_kubeconfig_reads_as_the_official_loader(tmp_path: Path, variant: str) -> None:
-    from cli.kubeconfig import StaticConfiguration, _plugin_configuration, authorization
+    from cli.transport.kubeconfig import StaticConfiguration, _plugin_configuration, authorization
 
     cluster, user = _variants(tmp_path)[variant]
     path = str(_kubeconfig(tmp_path / "config", cluster, user))
@@ -208,7 +208,7 @@ def test_static_kubeconfig_reads_as_the_official_loader(tmp_path: Path, variant:
 
 def test_merged_list_first_file_wins_as_the_official_loader(tmp_path: Path) -> None:
     """`KUBECONFIG=a:b`: a user, cluster or context named in both is a's."""
-    from cli.kubeconfig import _plugin_configuration, authorization
+    from cli.transport.kubeconfig import _plugin_configuration, authorization
 
     first = _kubeconfig(tmp_path / "a", {"server": "https://a:6443"}, {"token": "from-a"})
     second = _kubeconfig(tmp_path / "b", {"server": "https://b:6443"}, {"token": "from-b"})

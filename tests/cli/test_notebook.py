@@ -1,5 +1,5 @@
-"""`%gpu` (cli/notebook.py) without an agent: parsing, configuration, CUDA checks, messages,
-and the extension loaded into a real IPython shell."""
+"""`%gpu` (cli/notebook/) without an agent: parsing, configuration, CUDA checks, messages, and
+the extension loaded into a real IPython shell."""
 
 from __future__ import annotations
 

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agent.books.dra import with_claim
+from agent.books.holders import HolderPods, Role
+from agent.books.holders import holder_manifest as agent_holder_manifest
+from agent.books.pins import pin_claim_manifest
 from agent.config import load_settings
 from agent.kube.client import PodInfo
-from agent.node.dra import with_claim
-from agent.node.holders import HolderPods, Role
-from agent.node.holders import holder_manifest as agent_holder_manifest
-from agent.node.pins import pin_claim_manifest
 
 Obj = dict[str, Any]
 Change = Callable[[Obj], None]

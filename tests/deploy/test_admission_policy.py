@@ -23,12 +23,12 @@ import pytest
 import yaml
 from kubernetes import client
 
+from agent.books.dra import GPU_CLASS, MIG_CLASS, with_claim
+from agent.books.holders import HOLDER_LABEL, HolderPods, Role, holder_priority_class
+from agent.books.holders import holder_manifest as agent_holder_manifest
+from agent.books.pins import pin_claim_manifest
 from agent.config import load_settings
 from agent.kube.client import PodInfo, hand_over_patch
-from agent.node.dra import GPU_CLASS, MIG_CLASS, with_claim
-from agent.node.holders import HOLDER_LABEL, HolderPods, Role, holder_priority_class
-from agent.node.holders import holder_manifest as agent_holder_manifest
-from agent.node.pins import pin_claim_manifest
 from tests.deploy.admission import admission_request, denials, unknown_fields
 from tests.deploy.admission_cases import (
     GPU_UUID,
@@ -835,7 +835,7 @@ def test_the_agent_never_changes_a_claim():
 
 
 def test_the_claims_policy_names_the_agents_classes_and_uuid_form():
-    """The policy's device classes and UUID pattern are the agent's (agent/node/dra.py)."""
+    """The policy's device classes and UUID pattern are the agent's (agent/books/dra.py)."""
     variables = {v["name"]: v["expression"] for v in CLAIM_POLICY["spec"]["variables"]}
     assert variables["deviceClasses"] == f"['{GPU_CLASS}', '{MIG_CLASS}']"
     for bad in ("GPU-x", 'GPU-1" || true', "NVIDIA-0"):

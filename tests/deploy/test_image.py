@@ -101,7 +101,7 @@ def test_dockerfile_copies_only_what_a_clone_has():
             if source != ".":
                 assert (REPO / source).exists(), f"COPY {source}: not in the repository"
                 assert not ignored(source), f"COPY {source}: excluded by the .dockerignore"
-    for needed in ("pyproject.toml", "hotmount/engine.py", "agent/config.py", "cli"):
+    for needed in ("pyproject.toml", "hotmount/engine/core.py", "agent/config.py", "cli"):
         assert not ignored(needed), f"the .dockerignore drops {needed}"
     assert ignored(".venv/bin/python") and ignored(".git/HEAD")
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import celpy
 
-from agent.node.dra import GPU_DRIVER
+from agent.books.dra import GPU_DRIVER
 
 Obj = dict[str, Any]
 Triplet = tuple[str, str, str]  # (driver, pool, device): a device in the books

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from agent.gateway import GPU_NODES_TTL
+from agent.cluster.gateway import GPU_NODES_TTL
 from tests.k8s import flows
 from tests.k8s.flows import NAMESPACE, NVML_GPUS
 from tests.k8s.node.cluster import NODE_NAME, Node

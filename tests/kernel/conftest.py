@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
 from tests.support.fixtures import GPU0, GPU1, STAND_IN_SPEC
 
 __all__ = ["GPU0", "GPU1", "STAND_IN_SPEC"]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from hotmount.engine import Engine
+from hotmount.engine.core import Engine
 from hotmount.errors import (
     ContainerNotFound,
     DeviceNotFound,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hotmount.engine import Engine
+from hotmount.engine.core import Engine
 from hotmount.errors import DeviceBusy
 from tests.kernel.conftest import GPU1
 from tests.support.runc import RuncContainer

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
 from hotmount.errors import DeviceBusy, HeldWithStayingDevices
 from tests.support.runc import RuncContainer
 from tests.support.waiting import wait_for

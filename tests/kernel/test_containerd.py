@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.containers import ContainerResolver, container_id_from_path, find_cgroup_dir
-from hotmount.engine import Engine
+from hotmount.engine.core import Engine
+from hotmount.host.containers import ContainerResolver, container_id_from_path, find_cgroup_dir
 from tests.kernel.conftest import GPU0
 from tests.support.containerd import (
     CGROUP_ROOT,
@@ -151,7 +151,7 @@ def test_proc_scan_finds_the_container_where_the_walk_does_not(
     engine: Engine, pod_container: ContainerdContainer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A layout deeper than the walk's bound: only the fallback over /proc can find it.
-    monkeypatch.setattr("hotmount.containers.find_cgroup_dir", lambda root, container_id: None)
+    monkeypatch.setattr("hotmount.host.containers.find_cgroup_dir", lambda root, container_id: None)
 
     resolved = engine.resolve(f"containerd://{pod_container.id}")
 

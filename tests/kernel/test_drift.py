@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hotmount.cgroups import prologue
-from hotmount.engine import Engine
+from hotmount.engine.core import Engine
 from tests.kernel.conftest import GPU0, NIC0
 from tests.support.bpf import attach_foreign, attached
 from tests.support.runc import RuncContainer

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from hotmount import liveness
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
 from hotmount.errors import ContainerNotFound, DriverRefused, DriverUnavailable, UnsafePath
-from hotmount.ledger import PendingOp
+from hotmount.host import liveness
+from hotmount.state.ledger import PendingOp
 from tests.fakes import driver as stand_in
 from tests.fakes import nvml
 from tests.kernel.conftest import STAND_IN_SPEC, engine_cli

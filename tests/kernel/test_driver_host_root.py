@@ -20,7 +20,7 @@ import pytest
 from hotmount.driver import sources
 from hotmount.driver.files import BIND, DriverFile
 from hotmount.driver.place import HostSources
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
 from hotmount.errors import DriverRefused, DriverUnavailable
 from hotmount.hostfs import HostRoot
 from tests.fakes import driver as stand_in

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from hotmount import usage
-from hotmount.containers import read_cgroup_pids
-from hotmount.engine import Engine
+from hotmount.engine.core import Engine
 from hotmount.errors import ChildTimeout
+from hotmount.host import usage
+from hotmount.host.containers import read_cgroup_pids
 from hotmount.tenantfs import forked, workers
 from tests.kernel.conftest import GPU1
 from tests.support.fd_flood import flood, per_process_limit, roomiest_nofile

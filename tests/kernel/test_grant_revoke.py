@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from hotmount.engine import Engine
+from hotmount.engine.core import Engine
 from hotmount.errors import KernelError
 from tests.kernel.conftest import GPU0, GPU1
 from tests.support.runc import RuncContainer

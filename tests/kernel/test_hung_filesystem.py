@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import pytest
 
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
+from hotmount.engine.results import MountResult, ReconcileReport, UnmountResult
 from hotmount.errors import ChildTimeout, DeviceBusy, UnsafePath
-from hotmount.results import MountResult, ReconcileReport, UnmountResult
 from hotmount.tenantfs import forked
 from tests.fakes import driver as stand_in
 from tests.kernel.conftest import GPU1, NIC0, NIC1

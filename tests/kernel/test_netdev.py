@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
 from hotmount.errors import ContainerNotFound, InvalidRequest, KernelError
 from hotmount.hostfs import HostRoot
 from hotmount.netdev.moves import NetdevNotFound, Netdevs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hotmount.engine import Engine
+from hotmount.engine.core import Engine
 from tests.kernel.conftest import GPU0
 from tests.support.bpf import attached, object_counts
 from tests.support.runc import RuncContainer

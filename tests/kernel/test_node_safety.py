@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hotmount.devices.model import DeviceNode
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
 from hotmount.errors import ContainerNotFound, UnsafePath
 from hotmount.tenantfs import procfs
 from hotmount.tenantfs.devnodes import NodeState, Openat2Fs, SetnsFs, open_container_fs

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
 from hotmount.errors import DeviceClaimed
 from tests.kernel.test_bad_input import _kernel_view
 from tests.support.runc import RuncContainer

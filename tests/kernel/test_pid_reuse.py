@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hotmount import usage
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
+from hotmount.host import usage
 from tests.kernel.conftest import GPU0, GPU1
 from tests.support.pids import next_pid_after, pid_exists, spawn_with_pid
 from tests.support.runc import RuncContainer

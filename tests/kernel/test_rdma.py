@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
 from hotmount.errors import DeviceBusy, DeviceClaimed, InvalidDeviceRef
 from tests.kernel.conftest import GPU0, GPU1
 from tests.support.runc import RuncContainer

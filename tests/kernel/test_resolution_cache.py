@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.containers import read_cgroup_pids
-from hotmount.engine import Engine
+from hotmount.engine.core import Engine
 from hotmount.errors import ContainerNotFound
+from hotmount.host.containers import read_cgroup_pids
 from tests.kernel.conftest import GPU0
 from tests.kernel.test_pid_reuse import gone
 from tests.support.bpf import attached

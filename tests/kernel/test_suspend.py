@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.engine import Engine, EngineConfig
-from hotmount.ledger import ContainerRecord
+from hotmount.engine.core import Engine, EngineConfig
+from hotmount.state.ledger import ContainerRecord
 from hotmount.suspend.memory import memory_cgroup
 from tests.fakes import nvml
 from tests.support.cuda_standin import (
@@ -181,6 +181,25 @@ def test_resume_onto_another_gpu_of_the_model(node: Node, pod: Setup) -> None:
     assert status(container) == "running /dev/nvidia1 pattern=ok"
     assert gpu_fds(pid) == ["/dev/nvidia1", "/dev/nvidiactl"]
     assert container.open_result("/dev/nvidia0") == "ENOENT"
+
+
+def test_labels_the_caller_releases_on_suspend_are_not_carried_onto_the_resumed_gpu(
+    node: Node,
+) -> None:
+    """The agent deletes a mount's pin on suspend; a resume onto another GPU must not name
+    it again. The engine does not know what a pin is: it drops the labels it is told to
+    (EngineConfig.released_on_suspend) and keeps every other."""
+    container = node.container()
+    labels = {"holder": "pin-a", "holderUid": "uid-a", "team": "ml"}
+    node.engine().mount(container.id, [A], device_metadata={A: labels})
+    node.start_cuda(container)
+    assert "ok" in node.run("suspend", container)
+    assert record(node, container).suspended[A].device.metadata == labels
+    node.engine().mount(node.container().id, [A])  # the GPU went to another pod meanwhile
+
+    back = node.run("resume", container, released_on_suspend=["holder", "holderUid"])
+    assert back["ok"]["resumed"] == {A: B}, back
+    assert record(node, container).devices[B].metadata == {"team": "ml"}
 
 
 def test_resume_with_no_gpu_free_keeps_the_suspension(node: Node, pod: Setup) -> None:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from hotmount.containers import read_cgroup_pids
+from hotmount.host.containers import read_cgroup_pids
 from tests.support.runc import RuncContainer
 from tests.support.waiting import wait_for
 

@@ -5,10 +5,10 @@ stand-in libcuda under a driver root), and able to die at a named step.
     python -m tests.support.suspend_runner CONFIG.json
 
 CONFIG: {"op": "suspend"|"resume"|"reconcile", "container": ID, "cdi_dir", "state_dir",
-"driver_root", "lock_timeout", "onto", "crash_at": [event, nth]}. Prints one JSON line:
-{"ok": result} or {"error": reason, "message": text, "status": http}. With `crash_at`
-the process SIGKILLs itself when the progress event comes for the nth time: a real
-crash at that step, nothing patched.
+"driver_root", "lock_timeout", "onto", "released_on_suspend", "crash_at": [event, nth]}.
+Prints one JSON line: {"ok": result} or {"error": reason, "message": text, "status":
+http}. With `crash_at` the process SIGKILLs itself when the progress event comes for the
+nth time: a real crash at that step, nothing patched.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
-from hotmount.engine import Engine, EngineConfig
+from hotmount.engine.core import Engine, EngineConfig
 from hotmount.errors import HotmountError
 
 
@@ -32,6 +32,7 @@ def main() -> int:
             use_nvml=False,  # the inventory from CDI; suspend reads NVML itself
             stop_grace=2,
             driver_root=config["driver_root"],
+            released_on_suspend=frozenset(config.get("released_on_suspend", ())),
         )
     )
     crash = config.get("crash_at")

@@ -109,7 +109,7 @@ def test_netdev_address_cidrs_are_networks_checked_at_start() -> None:
 def test_the_dra_drivers_names_are_settings_checked_at_start() -> None:
     """Another DRA driver than NVIDIA's is named by flags alone; a name that the API
     would refuse (and that could change the pin claim's CEL) stops the agent at start."""
-    from agent.node.dra import NVIDIA_NAMES, DraNames
+    from agent.books.dra import NVIDIA_NAMES, DraNames
 
     assert DraNames.of(load_settings([])) == NVIDIA_NAMES
     given = ["--dra-driver", "gpu.example.com", "--dra-gpu-class", "gpu.example.com",

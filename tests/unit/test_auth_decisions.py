@@ -6,10 +6,12 @@ from typing import Any
 
 import pytest
 
-from agent.auth import ASSERT_GROUP, Authorizer, Identity, asserted_user, assertion_headers
+from agent.auth.assertion import asserted_user, assertion_headers
+from agent.auth.authorize import Authorizer
+from agent.auth.identity import ASSERT_GROUP, Identity
+from agent.cluster.gateway import FanOut, Gateway
 from agent.config import AgentSettings
 from agent.errors import Forbidden
-from agent.gateway import FanOut, Gateway
 from agent.kube.client import PodInfo, UserInfo
 
 
@@ -79,7 +81,8 @@ def test_fan_out_never_carries_a_node_local_identity_to_other_nodes(via: str) ->
 
 
 def test_front_proxy_extra_keys_are_percent_decoded_as_kubernetes_sends_them() -> None:
-    from agent.auth import Authenticator, CallerContext, FrontProxyTrust
+    from agent.auth.authenticate import Authenticator
+    from agent.auth.identity import CallerContext, FrontProxyTrust
 
     authenticator = Authenticator(AgentSettings(), None, FrontProxyTrust(frozenset()))
     caller = CallerContext(

@@ -1,4 +1,4 @@
-"""Work beside the reconcile pass (agent/node/background.py): the pass starts it and
+"""Work beside the reconcile pass (agent/common/background.py): the pass starts it and
 returns at once; one job per container at a time; a failed job frees its container."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from agent.node.background import Background
+from agent.common.background import Background
 from tests.support.waiting import wait_for
 
 
@@ -38,7 +38,7 @@ def test_a_failed_job_is_logged_and_frees_its_container(caplog: pytest.LogCaptur
     def failing() -> None:
         raise RuntimeError("the driver went away")
 
-    with caplog.at_level(logging.ERROR, logger="agent.node.background"):
+    with caplog.at_level(logging.ERROR, logger="agent.common.background"):
         assert background.start("c1", "idle suspend of c1", failing)
         wait_for(lambda: not background.running("c1"), "the job to end")
     assert "idle suspend of c1 failed" in caplog.text

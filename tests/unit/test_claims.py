@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hotmount.claims import UNKNOWN, Claim, Footprint, blocking, circle, footprint, joined
 from hotmount.devices.inventory import Inventory
 from hotmount.devices.model import Device, DeviceKind, DeviceNode
+from hotmount.state.claims import UNKNOWN, Claim, Footprint, blocking, circle, footprint, joined
 
 CTL = DeviceNode("/dev/nvidiactl", 195, 255)
 GPU0 = Device("GPU-0", DeviceKind.GPU, (DeviceNode("/dev/nvidia0", 195, 0),), (CTL,))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hotmount.devices.companions import leaving_with, note
 from hotmount.devices.model import Device, DeviceKind
-from hotmount.ledger import ContainerRecord, DeviceRecord
+from hotmount.state.ledger import ContainerRecord, DeviceRecord
 
 
 def record(**with_devices: list[str]) -> ContainerRecord:

@@ -1,4 +1,4 @@
-"""Per-container locks (agent/node/locks.py): one container's operations run one at a
+"""Per-container locks (agent/common/locks.py): one container's operations run one at a
 time, and a container's lock goes with its last user instead of staying for ever."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.node.locks import ContainerLocks
+from agent.common.locks import ContainerLocks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,10 +139,10 @@ def test_try_hold_excludes_hold_and_hold_excludes_try_hold(fast_switching: None)
 # The code that runs on the reconcile pass (agent/node/reconcile.py and what it calls).
 RECONCILE_MODULES = [
     "agent/node/reconcile.py",
-    "agent/node/holders.py",
-    "agent/node/double_booking.py",
-    "agent/node/idle_reclaim.py",
-    "agent/node/idle_suspend.py",
+    "agent/books/holders.py",
+    "agent/books/double_booking.py",
+    "agent/idle/reclaim.py",
+    "agent/idle/suspend.py",
     "agent/node/remounts.py",
 ]
 

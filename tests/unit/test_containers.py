@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.containers import (
+from hotmount.errors import InvalidContainerRef
+from hotmount.host.containers import (
     MAX_WALK_DEPTH,
     CgroupPaths,
     ContainerRef,
@@ -16,7 +17,6 @@ from hotmount.containers import (
     parse_proc_cgroup,
     read_cgroup_pids,
 )
-from hotmount.errors import InvalidContainerRef
 
 CID = "4f2b8c0e9d1a3b5c7e9f0a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f4a6b8c0d"
 OTHER = "b" * 64

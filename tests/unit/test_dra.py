@@ -1,5 +1,5 @@
 """The DRA pin's pieces: a claim for exactly one GPU, the holder that uses it, the node's
-devices as ResourceSlices publish them (agent/node/dra.py)."""
+devices as ResourceSlices publish them (agent/books/dra.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.node.dra import (
+from agent.books.dra import (
     CLAIM_REF,
     GPU_CLASS,
     GPU_DRIVER,

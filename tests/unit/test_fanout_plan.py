@@ -1,4 +1,4 @@
-"""Which nodes a list asks, which it names as missing and why (agent/fanout.py; pure)."""
+"""Which nodes a list asks, which it names as missing and why (agent/cluster/fanout.py; pure)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from agent.fanout import WARNINGS_SHOWN, MissingNode, error_reason, missing_warnings, plan
+from agent.cluster.fanout import WARNINGS_SHOWN, MissingNode, error_reason, missing_warnings, plan
 from agent.kube.peers import Peer
 from tests.support.ports import free_port
 

@@ -1,4 +1,4 @@
-"""Idle reclaim's pure rules (agent/idle.py) and the durations it reads and writes
+"""Idle reclaim's pure rules (agent/idle/policy.py) and the durations it reads and writes
 (hotmount/wire/durations.py): the clock, the decision."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from agent.config import AgentSettings
-from agent.idle import (
+from agent.idle.policy import (
     ANNOTATION,
     IdleClock,
     choose_policy,
@@ -221,7 +221,7 @@ def test_warn_before_comes_from_the_request_then_the_annotation() -> None:
 def test_the_suspend_policy_is_judged_by_use_and_validated_at_the_boundary() -> None:
     from pydantic import ValidationError
 
-    from agent.idle import judged_by_use
+    from agent.idle.policy import judged_by_use
     from hotmount.wire.schemas import MountRequest
 
     assert choose_policy(None, {"hotmount.io/idle-policy": " suspend "}, "unheld") == "suspend"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.claims import Claim, Footprint
-from hotmount.ledger import (
+from hotmount.state.claims import Claim, Footprint
+from hotmount.state.ledger import (
     ContainerRecord,
     DeviceRecord,
     Ledger,

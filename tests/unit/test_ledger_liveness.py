@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.claims import Claim
-from hotmount.engine import Engine, EngineConfig
-from hotmount.ledger import ContainerRecord, PendingOp
+from hotmount.engine.core import Engine, EngineConfig
+from hotmount.state.claims import Claim
+from hotmount.state.ledger import ContainerRecord, PendingOp
 from tests.unit.hosttree import BY_INDEX, build_host, write
 
 CID = "4f2b8c0e9d1a3b5c7e9f0a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f4a6b8c0d"

@@ -133,7 +133,7 @@ def nvml_pids(env: dict[str, str], *uuid_lists: list[str]) -> list[list[int]]:
     """`usage.nvml_pids` for each list of UUIDs, in one process (the retry timer included)."""
     code = (
         "import json, sys\n"
-        "from hotmount import usage\n"
+        "from hotmount.host import usage\n"
         "print(json.dumps([sorted(usage.nvml_pids(u)) for u in json.loads(sys.argv[1])]))\n"
     )
     result = subprocess.run(
@@ -163,7 +163,7 @@ def test_nvml_pids_reports_compute_and_graphics_processes(lib_dir: Path, config:
 
 def test_a_session_opened_earlier_sees_the_processes_of_now(lib_dir: Path, config: Path) -> None:
     """A real driver's process lists are live in a session opened before the process
-    started (the agent keeps one, hotmount/activity.py): the fake reads them again at
+    started (the agent keeps one, hotmount/devices/activity.py): the fake reads them again at
     each query, the config replaced by a rename as the tier's flows replace it."""
     later = (FakeGpu(NVML_GPUS[0].uuid, NVML_GPUS[0].bus_id, NVML_GPUS[0].minor, (777,)),
              *NVML_GPUS[1:])  # fmt: skip

@@ -1,4 +1,4 @@
-"""The `unused` policy's input (hotmount/activity.py) through pynvml's own ctypes calls
+"""The `unused` policy's input (hotmount/devices/activity.py) through pynvml's own ctypes calls
 into the fake libnvidia-ml.so.1: utilization rates and per-process samples, read from an
 activity file the test rewrites while one NVML session stays open."""
 
@@ -26,7 +26,7 @@ MIG = FakeGpu("GPU-0a111800-0000-4000-8000-000000000018", "0000:18:00.0", 1)
 # One sampler, one look per line read from stdin: the test rewrites the file in between.
 SCRIPT = """
 import json, sys
-from hotmount.activity import ActivitySampler
+from hotmount.devices.activity import ActivitySampler
 sampler = ActivitySampler()
 uuids = sys.argv[1:]
 for _ in sys.stdin:
@@ -96,7 +96,7 @@ def test_activity_is_read_on_every_look_from_one_session(lib_dir: Path, tmp_path
 # One sampler; each stdin line names the GPUs to look at ("retain" first: only prune).
 CURSOR_SCRIPT = """
 import json, sys
-from hotmount.activity import ActivitySampler
+from hotmount.devices.activity import ActivitySampler
 sampler = ActivitySampler()
 for line in sys.stdin:
     words = line.split()

@@ -1,4 +1,4 @@
-"""A process's PID in the container's PID namespace (hotmount/liveness.py `pid_in`): what
+"""A process's PID in the container's PID namespace (hotmount/host/liveness.py `pid_in`): what
 a suspend's result names, read from a fixture /proc (`ns/pid` links, `NSpid` lines)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hotmount import liveness
 from hotmount.errors import ContainerNotFound
+from hotmount.host import liveness
 
 CONTAINER_NS, NESTED_NS, HOST_NS = "pid:[4026532301]", "pid:[4026532377]", "pid:[4026531836]"
 

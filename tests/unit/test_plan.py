@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hotmount.devices.model import Device, DeviceKind, DeviceNode
+from hotmount.engine.plan import kept_numbers, node_of, nodes_to_add, nodes_to_remove
 from hotmount.errors import UnsafePath
-from hotmount.ledger import ContainerRecord, DeviceRecord, NodeRecord
-from hotmount.plan import kept_numbers, node_of, nodes_to_add, nodes_to_remove
+from hotmount.state.ledger import ContainerRecord, DeviceRecord, NodeRecord
 
 CTL = DeviceNode("/dev/nvidiactl", 195, 255)
 UVM = DeviceNode("/dev/nvidia-uvm", 511, 0)

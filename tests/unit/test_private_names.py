@@ -96,7 +96,7 @@ def test_no_private_name_is_used_outside_its_module() -> None:
 
 def test_the_rule_flags_imports_and_attributes_of_other_modules_private_names() -> None:
     sources = {
-        "hotmount.engine": (
+        "hotmount.engine.core": (
             "_SECRET = 1\n"
             "class Engine:\n"
             "    def __init__(self):\n"
@@ -106,8 +106,8 @@ def test_the_rule_flags_imports_and_attributes_of_other_modules_private_names() 
             "def peek(other: Engine) -> str:\n"
             "    return other._proc\n"  # this module's own class: fine
         ),
-        "hotmount.suspend.flow": (
-            "from hotmount.engine import _SECRET\n"
+        "hotmount.engine.suspension": (
+            "from hotmount.engine.core import _SECRET\n"
             "from hotmount import engine\n"
             "import sys\n"
             "def suspend(e):\n"
@@ -118,6 +118,6 @@ def test_the_rule_flags_imports_and_attributes_of_other_modules_private_names() 
         ),
     }
     assert findings(sources) == {
-        "hotmount.suspend.flow: _SECRET",
-        "hotmount.suspend.flow: _enter",
+        "hotmount.engine.suspension: _SECRET",
+        "hotmount.engine.suspension: _enter",
     }

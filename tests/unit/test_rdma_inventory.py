@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from agent import rdma_resources
-from hotmount import claims
 from hotmount.devices.inventory import Inventory
 from hotmount.devices.model import DeviceKind, DeviceNode
 from hotmount.devices.topology import pci_address
 from hotmount.errors import DeviceNotFound, InvalidDeviceRef
 from hotmount.hostfs import HostRoot
+from hotmount.state import claims
 from tests.support.sysfs import (
     NICS,
     RDMA_CM,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from agent.node.remounts import named_holders, owner_of
-from hotmount.ledger import ContainerRecord, DeviceRecord, Intent
+from agent.books.holders import named_holders
+from agent.node.remounts import owner_of
+from hotmount.state.ledger import ContainerRecord, DeviceRecord, Intent
 
 
 def record(**metadata: str) -> ContainerRecord:

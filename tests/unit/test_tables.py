@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from agent.node.listing import suspended_device
-from hotmount.ledger import DeviceRecord, SuspendedGpu
+from hotmount.state.ledger import DeviceRecord, SuspendedGpu
 from hotmount.wire.tables import human_duration, table, table_version
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.auth import Authenticator, CallerContext
+from agent.auth.authenticate import Authenticator
+from agent.auth.identity import CallerContext
 from agent.config import AgentSettings
 from agent.errors import Unauthorized
 from agent.kube.client import UserInfo

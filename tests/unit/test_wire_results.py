@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hotmount import errors
-from hotmount import results as engine
-from hotmount.claims import Claim
+from hotmount.engine import results as engine
+from hotmount.state.claims import Claim
 from hotmount.wire.errors import EXIT_CONFLICT, EXIT_NOT_FOUND, EXIT_TIMEOUT, EXIT_USAGE, error_for
 from hotmount.wire.results import (
     container_id_of,

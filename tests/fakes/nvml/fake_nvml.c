@@ -8,7 +8,7 @@
  *
  * `pids` are compute processes, `graphics` graphics ones: read again from the file at each
  * process query, as a real driver's lists are live in a session opened before the process
- * started (the agent keeps one open, hotmount/activity.py); the GPUs themselves are read
+ * started (the agent keeps one open, hotmount/devices/activity.py); the GPUs themselves are read
  * at nvmlInit. $FAKE_NVML_INIT_ERROR=<code>
  * makes nvmlInit fail with that NVML_ERROR_* code (9: NVML_ERROR_DRIVER_NOT_LOADED).
  *
