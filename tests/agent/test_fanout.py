@@ -66,7 +66,9 @@ def broken(cluster: Cluster) -> Iterator[dict[str, Any]]:
 
 def start_agents(cluster: Cluster) -> AgentProcess:
     quiet = ["--authz-cache-ttl", "60", "--reconcile-interval", "3600"]
-    node_a = cluster.agent("node-a", extra=[*quiet, "--list-timeout", "1"])
+    # Long enough for node-b, a real agent, to answer on a loaded machine; node-silent
+    # costs this much per list.
+    node_a = cluster.agent("node-a", extra=[*quiet, "--list-timeout", "5"])
     cluster.agent("node-b", extra=quiet)
     return node_a
 
