@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -30,6 +31,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from agent.http.deps import LISTENER_KEY, PEER_CERT_KEY, PEER_UID_KEY
+
+log = logging.getLogger(__name__)
 
 
 class _Marked:
@@ -69,6 +72,11 @@ class PeerCertProtocol(H11Protocol):
         super().shutdown()
         if idle and self.transport.get_extra_info("ssl_object") is not None:
             self.transport.abort()
+            log.info(
+                "shutdown: dropped an idle TLS connection from %s at once (its close_notify "
+                "would never come)",
+                self.client and ":".join(map(str, self.client)),
+            )
 
 
 class UnixProtocol(H11Protocol):

@@ -2,8 +2,10 @@
 or none, checkpoint all or none, restore all or hand back the ones restored.
 
 No ledger and no mounts here: hotmount/engine/suspension.py records each step before it
-runs and decides what a failure leaves. A process is named to the driver by host PID
-only right after its pidfd (`Pinned`, opened before the scan) shows it alive."""
+runs and decides what a failure leaves. Lock and checkpoint name a process to the driver
+by host PID only right after its pidfd (`Pinned`, opened before the scan) shows it
+alive; restore is given only the processes the caller found still there (the same start
+time, in the container)."""
 
 from __future__ import annotations
 

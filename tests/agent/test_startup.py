@@ -20,7 +20,8 @@ def start(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "agent.main", "--no-kubernetes", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        # A hang, not a slow start: a loaded cold CI run (load 9) took over 60 s.
+        timeout=240,
         check=False,
         cwd=Path(__file__).resolve().parents[2],
     )

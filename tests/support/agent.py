@@ -8,6 +8,7 @@ are stand-ins like the kernel tests': 195:<minor> with no driver behind it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -116,6 +117,18 @@ class AgentProcess:
                 time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"the agent did not come up: {self.log.read_text()[-3000:]}")
+
+    def messages(self, logger: str) -> list[str]:
+        """What the agent logged under `logger` (its JSON lines), in order."""
+        found = []
+        for line in self.log.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and entry.get("logger") == logger:
+                found.append(str(entry.get("msg")))
+        return found
 
     def stop(self, grace: float = 10) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds."""

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def help_text() -> str:
     done = subprocess.run(
         [sys.executable, "-m", "agent.main", "--help"],
-        capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
+        capture_output=True, text=True, timeout=240, cwd=REPO, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
