@@ -19,7 +19,6 @@ import httpx
 import pytest
 
 from tests.agent.conftest import AGENT_TOKEN, ALICE, BOB, DANA, Cluster
-from tests.agent.test_gateway import messages
 from tests.agent.test_holder_leaks import reconciles
 from tests.fakes.agent_peers import AnsweringPeer
 from tests.fakes.kube_apiserver import FrontProxy
@@ -176,7 +175,7 @@ def test_a_forwarded_call_with_an_api_server_token_is_asserted_and_the_peer_auth
     tokens = reviewed_tokens(cluster)
     assert tokens.count(ALICE) == 1  # node-a's review only: the token stayed there
     assert AGENT_TOKEN in tokens  # node-b's review of the token that asserts
-    audit = messages(node_b, "hotmount.audit")
+    audit = node_b.messages("hotmount.audit")
     assert any(m.startswith("allow user=alice via=gateway verb=create") for m in audit), audit
     assert not any("via=token" in m for m in audit), audit
 
@@ -195,7 +194,7 @@ def test_forwarding_works_when_tokens_must_carry_the_agents_audience(cluster: Cl
         mounted = api.post(MOUNT, json={"devices": ["0"]})
     assert mounted.status_code == 200, mounted.text
     assert container.open_result(NVIDIA3) == "ENXIO"
-    audit = messages(node_b, "hotmount.audit")  # her own token, reviewed by node-b
+    audit = node_b.messages("hotmount.audit")  # her own token, reviewed by node-b
     assert any(m.startswith("allow user=alice via=token verb=create") for m in audit), audit
 
     with node_b.client(AGENT_TOKEN) as agents:
@@ -255,7 +254,7 @@ def test_a_kubectl_call_for_another_node_is_asserted_within_the_new_bounds(
         seen = admin.get(f"{gpumounts}/nb")
     assert seen.status_code == 403, seen.text
 
-    audit = messages(node_b, "hotmount.audit")
+    audit = node_b.messages("hotmount.audit")
     assert any(m.startswith("allow user=alice via=gateway verb=create") for m in audit), audit
     assert any(m.startswith("deny user=kubernetes-admin via=gateway verb=get") for m in audit)
     admins = [
@@ -264,7 +263,7 @@ def test_a_kubectl_call_for_another_node_is_asserted_within_the_new_bounds(
         if r["spec"]["user"] == "kubernetes-admin"
     ]
     assert admins == [["system:masters", "system:authenticated"], ["system:authenticated"]]
-    assert any(m.startswith("forwarding") for m in messages(node_a, "agent.cluster.gateway"))
+    assert any(m.startswith("forwarding") for m in node_a.messages("agent.cluster.gateway"))
 
 
 # -- item 6: PATCH authorizes before it looks the pod up -------------------------------------
@@ -293,4 +292,4 @@ def test_patch_without_rights_is_403_whether_the_pod_exists_or_not(cluster: Clus
             '"default" (pod default/POD)'
         )
     assert pod_reads(cluster.kube.requests()[before:]) == []
-    assert not any(m.startswith("forwarding") for m in messages(node_a, "agent.cluster.gateway"))
+    assert not any(m.startswith("forwarding") for m in node_a.messages("agent.cluster.gateway"))

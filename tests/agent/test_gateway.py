@@ -38,18 +38,6 @@ class RevocableRule(AccessRule):
         return not self.revoked.is_set() and super().matches(req)
 
 
-def messages(agent: AgentProcess, logger: str) -> list[str]:
-    out = []
-    for line in agent.log.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if entry.get("logger") == logger:
-            out.append(entry["msg"])
-    return out
-
-
 def requests_seen(agent: AgentProcess) -> list[dict[str, Any]]:
     seen = []
     for line in agent.log.read_text().splitlines():
@@ -105,15 +93,15 @@ def test_mount_get_unmount_forwarded_to_the_pods_node(cluster: Cluster) -> None:
         assert again.status_code in (400, 404), again.text
         assert again.json()["kind"] == "Status"
 
-    forwarded = [m for m in messages(node_a, "agent.cluster.gateway") if m.startswith("forwarding")]
+    forwarded = [m for m in node_a.messages("agent.cluster.gateway") if m.startswith("forwarding")]
     assert len(forwarded) == 4 and all("for alice to node-b" in m for m in forwarded)
-    decisions = messages(node_b, "hotmount.audit")
+    decisions = node_b.messages("hotmount.audit")
     for verb in ("create", "get", "delete"):
         assert any(
             m.startswith(f"allow user=alice via=gateway verb={verb} pod=default/nb")
             for m in decisions
         ), decisions
-    assert not any(m.startswith("forwarding") for m in messages(node_b, "agent.cluster.gateway"))
+    assert not any(m.startswith("forwarding") for m in node_b.messages("agent.cluster.gateway"))
 
 
 def test_lists_fan_out_to_every_agent(cluster: Cluster) -> None:
@@ -165,10 +153,10 @@ def test_receiving_agent_authorizes_the_forwarded_user_itself(cluster: Cluster) 
     assert container.open_result(NVIDIA3) == "ENOENT"
     assert any(
         m.startswith("deny user=alice via=gateway verb=create pod=other/gpu")
-        for m in messages(node_b, "hotmount.audit")
+        for m in node_b.messages("hotmount.audit")
     )
     # node-a let it through from its cache: the refusal was node-b's
-    assert not any(m.startswith("deny") for m in messages(node_a, "hotmount.audit"))
+    assert not any(m.startswith("deny") for m in node_a.messages("hotmount.audit"))
 
     # the same asserted user, straight to node-b with the agents' token
     with node_b.client(AGENT_TOKEN) as agents:
@@ -214,7 +202,7 @@ def test_a_forwarded_request_is_never_forwarded_again(cluster: Cluster) -> None:
         assert body["reason"] == "NotOnThisNode" and body["details"] == {"node": "node-a"}
     assert container.open_result(NVIDIA3) == "ENOENT"
     assert len(requests_seen(node_a)) == seen_before  # node-a never heard of them
-    assert not any(m.startswith("forwarding") for m in messages(node_b, "agent.cluster.gateway"))
+    assert not any(m.startswith("forwarding") for m in node_b.messages("agent.cluster.gateway"))
 
     # while alice's own call is forwarded as usual
     with node_b.client(ALICE) as api:
