@@ -47,12 +47,11 @@ from hotmount.errors import (
 from hotmount.host.usage import look as scan_holders
 from hotmount.host.usage import nvml_pids
 from hotmount.netdev.plan import DEFAULT_INSIDE_NAME, NetdevSpec
-from hotmount.state.claims import HOLDER_KEYS, Claim, Footprint, claimed_error
+from hotmount.state.claims import Claim, Footprint, Workload, claimed_error
 from hotmount.state.claims import blocking as blocking_claims
 from hotmount.state.ledger import (
     ContainerRecord,
     DeviceRecord,
-    Intent,
     SuspendedGpu,
     atomic_write,
     now,
@@ -67,7 +66,6 @@ __all__ = [
     "DEFAULT_INSIDE_NAME",
     "DEFAULT_LOCK_TIMEOUT",
     "DEFAULT_STATE_DIR",
-    "HOLDER_KEYS",
     "RDMA_NODE_DIR",
     "ActivitySampler",
     "ChildTimeout",
@@ -91,7 +89,6 @@ __all__ = [
     "GpuActivity",
     "HeldWithStayingDevices",
     "HotmountError",
-    "Intent",
     "InvalidContainerRef",
     "InvalidDeviceRef",
     "InvalidRequest",
@@ -114,6 +111,7 @@ __all__ = [
     "SuspendedGpu",
     "UnmountResult",
     "UnsafePath",
+    "Workload",
     "atomic_write",
     "blocking_claims",
     "claimed_error",

@@ -19,13 +19,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from agent.common.intents import Intents
 from agent.common.locks import ContainerLocks
 from agent.common.results import require_kube, unclassified_text
 from agent.config import AgentSettings
 from agent.errors import ApiError, Timeout, Unschedulable
 from agent.kube.client import KubeClient, PodInfo, owner_reference
 from agent.kube.dra import ResourceApi
-from hotmount.api import ContainerRecord, Engine, HotmountError, Intent
+from hotmount.api import ContainerRecord, Engine, HotmountError
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ class HolderPods:
     engine: Engine
     kube: KubeClient | None
     locks: ContainerLocks
+    intents: Intents  # what restarted containers are owed: their holders stay
     resources: ResourceApi | None = None  # DRA: a pin's ResourceClaim goes with it
     # Holder pods of mounts in progress: reconcile never takes them for orphans.
     _in_flight: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
@@ -288,7 +290,7 @@ class HolderPods:
             for record in self.engine.mounts.records()
             for d in record.devices.values()
             if (h := d.metadata.get("holder"))
-        } | {holder for _, holder in named_holders(self.engine.ledger.intents())}
+        } | {holder for _, holder in self.intents.named_holders()}
 
     def release(self, namespace: str, before: set[str], wait: bool = True) -> list[str]:
         """Delete the holder pods none of whose devices is still mounted anywhere, and
@@ -335,7 +337,7 @@ class HolderPods:
             for record in self.engine.mounts.records()
             for d in record.devices.values()
             if (h := d.metadata.get("holder"))
-        } | named_holders(self.engine.ledger.intents())
+        } | self.intents.named_holders()
 
     def _named_or_in_flight(self) -> set[tuple[str, str]]:
         """(namespace, holder) of the holders the ledger names or that are in flight, the
@@ -486,13 +488,3 @@ class HolderPods:
         self._orphans_seen.clear()
         self._orphans_seen.update(seen)
         return deleted
-
-
-def named_holders(intents: Iterable[Intent]) -> set[tuple[str, str]]:
-    """(namespace, holder) of every pin and holder an intent names: kept while it waits."""
-    return {
-        (d.metadata["namespace"], d.metadata["holder"])
-        for intent in intents
-        for d in intent.devices.values()
-        if d.metadata.get("namespace") and d.metadata.get("holder")
-    }

@@ -19,7 +19,16 @@ from agent.errors import AllocatedToPod, ApiError, UpstreamError
 from agent.kube.client import KubeClient, PodInfo
 from agent.kube.dra import ResourceApi
 from agent.podresources import Allocation, PodResourcesClient, PodResourcesError
-from hotmount.api import Claim, Device, DeviceKind, Engine, Footprint, blocking_claims, is_rdma
+from hotmount.api import (
+    Claim,
+    Device,
+    DeviceKind,
+    Engine,
+    Footprint,
+    Workload,
+    blocking_claims,
+    is_rdma,
+)
 from hotmount.wire.schemas import DeviceHolder
 
 log = logging.getLogger(__name__)
@@ -57,7 +66,7 @@ class KubeletHold:
             self.device_id,
             f"{a.pod_namespace}/{a.pod_name}",
             self.footprint,
-            holder={"namespace": a.pod_namespace, "pod": a.pod_name, "container": a.container_name},
+            holder=Workload(a.pod_namespace, a.pod_name, a.container_name),
         )
 
 
@@ -204,7 +213,8 @@ class KubeletBooks:
             for blocker in blocking_claims(new, held, share):
                 if not blocker.owner.startswith(KUBELET):
                     continue  # a hot-mount: the engine's claim decides, atomically
-                owner = (blocker.holder["namespace"], blocker.holder["pod"])
+                assert blocker.holder is not None  # the kubelet's claims all name their pod
+                owner = (blocker.holder.namespace or "", blocker.holder.pod or "")
                 other = require_kube(self.kube).find_pod(*owner)
                 if other is None or other.phase not in ("Running", "Pending"):
                     continue
@@ -224,7 +234,7 @@ class KubeletBooks:
                     {
                         "namespace": owner[0],
                         "pod": owner[1],
-                        "holders": [{**dict(blocker.holder), "device": blocker.device}],
+                        "holders": [{**blocker.holder.fields(), "device": blocker.device}],
                     },
                 )
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from agent.errors import ApiError, BadRequest
 from agent.kube.client import ContainerInfo, KubeClient, PodInfo
 from agent.metrics import Metrics
-from hotmount.api import Device, HotmountError
+from hotmount.api import Device, HotmountError, Workload
 from hotmount.api import MountResult as EngineMountResult
 from hotmount.api import UnmountResult as EngineUnmountResult
 from hotmount.wire import results as wire_results
@@ -104,6 +104,11 @@ def mount_result(
 
 POD_UID = "podUid"  # ledger metadata: the pod a mount was for, told from a namesake
 ONCE = "once"  # ledger metadata: "true" for a mount not carried across a container restart
+
+
+def workload_of(info: PodInfo, container: ContainerInfo) -> Workload:
+    """Whom a mount is for, as the engine names it when it refuses another (409)."""
+    return Workload(namespace=info.namespace, pod=info.name, container=container.name)
 
 
 def meta(info: PodInfo, container: ContainerInfo, user: str) -> dict[str, str]:

@@ -19,6 +19,7 @@ from agent.books.kubelet import KubeletBooks
 from agent.books.pins import Pins
 from agent.books.plugin_pins import PluginPins
 from agent.common.background import Background
+from agent.common.intents import Intents
 from agent.common.locks import ContainerLocks
 from agent.common.targets import Targets
 from agent.config import AgentSettings
@@ -61,7 +62,8 @@ class Node:
         locks = ContainerLocks()
         targets = Targets(settings, kube)
         resources = ResourceApi(kube.api) if kube is not None else None
-        holders = HolderPods(settings, engine, kube, locks, resources)
+        intents = Intents(settings.state_dir)
+        holders = HolderPods(settings, engine, kube, locks, intents, resources)
         kubelet = KubeletBooks(settings, engine, kube, podresources, resources)
         accounting = Accounting(settings, engine, kube, podresources, resources)
         plugin_pins = PluginPins(settings, engine, kube, kubelet, holders)
@@ -90,7 +92,7 @@ class Node:
                 holders,
                 DoubleBookings(settings, engine, kube, metrics, locks, kubelet, holders),
                 idle_reclaim,
-                Remounts(engine, kube, locks),
+                Remounts(engine, kube, locks, intents),
                 desired,
                 kube,
                 locks,

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from agent.books.holders import HolderPods, named_holders
+from agent.books.holders import HolderPods
 from agent.books.kubelet import KubeletBooks
 from agent.books.pins import Pins, pin_metadata, pin_of
 from agent.common.locks import ContainerLocks
@@ -23,6 +23,7 @@ from agent.common.results import (
     mount_result,
     record_event,
     unclassified_text,
+    workload_of,
 )
 from agent.common.targets import Targets
 from agent.errors import BadRequest, PodNotRunning, UpstreamError
@@ -158,6 +159,7 @@ class Mounting:
                 container.container_id,
                 keys,
                 metadata={**metadata, "holder": holder.name, "holderUid": holder.uid},
+                workload=workload_of(target, container),
                 group=f"{target.namespace}/{target.name}",
                 with_driver=with_driver,
             )
@@ -191,6 +193,7 @@ class Mounting:
                         keys,
                         force=force,
                         metadata={**meta(info, container, user), **(extra or {})},
+                        workload=workload_of(info, container),
                         group=group,
                         share_with=share,
                         device_metadata=device_metadata,
@@ -265,8 +268,9 @@ class Mounting:
         keys = (
             None if devices is None else {d.key for d in self.engine.inventory.resolve_all(devices)}
         )
-        before = {h for ns, h in named_holders(self.engine.ledger.intents()) if ns == namespace}
-        forgotten = forget_devices(self.engine, namespace, pod, container, keys)
+        intents = self.holders.intents
+        before = {h for ns, h in intents.named_holders() if ns == namespace}
+        forgotten = forget_devices(intents, namespace, pod, container, keys)
         if forgotten is None:
             return None
         old_id, taken = forgotten

@@ -191,6 +191,7 @@ class Moves:
                     [device.key],
                     force=force,
                     metadata=dict(entry.metadata),
+                    workload=entry.workload,
                     group=entry.group,
                     share_with=entry.shared_with,
                 )

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from agent.books.double_booking import DoubleBookings
-from agent.books.holders import HolderPods, named_holders
+from agent.books.holders import HolderPods
 from agent.common.background import Background
 from agent.common.locks import ContainerLocks
 from agent.errors import ApiError, PodNotFound
@@ -125,7 +125,7 @@ class ReconcilePass:
                 namespace, holder = d.metadata.get("namespace"), d.metadata.get("holder")
                 if namespace and holder:
                     named.setdefault(namespace, set()).add(holder)
-        for namespace, holder in named_holders(self.engine.ledger.intents()):
+        for namespace, holder in self.holders.intents.named_holders():
             named.setdefault(namespace, set()).add(holder)
         return named
 

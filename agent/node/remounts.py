@@ -3,10 +3,10 @@
 A container that dies (an OOM kill, a crash, `kill 1`) comes back with a new container
 ID and none of the devices hot-mounted into the old one, and the engine's reconcile
 forgets the dead container's record and releases its claims. Before that, the agent
-keeps what the container had as an *intent* in the ledger, keyed by the pod's UID and
-the container's name. Each reconcile then mounts it into the container that replaced
-the dead one, once that one runs, with the same pins, holders, idle timeout and
-sharing, and tells the pod (a `GPURemounted` Event).
+keeps what the container had as an *intent* in its own store (agent/common/intents.py),
+keyed by the pod's UID and the container's name. Each reconcile then mounts it into the
+container that replaced the dead one, once that one runs, with the same pins, holders,
+idle timeout and sharing, and tells the pod (a `GPURemounted` Event).
 
 While the new container is not running yet (a crash-loop back-off), the intent waits,
 and the pins and holders it names stay: the GPUs stay in the pod's books, so no other
@@ -25,18 +25,17 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from agent.common.intents import Intent, Intents
 from agent.common.locks import ContainerLocks
 from agent.common.results import ONCE, POD_UID, record_event
 from agent.errors import ApiError, PodNotFound
 from agent.kube.client import KubeClient, PodInfo
 from hotmount.api import (
-    HOLDER_KEYS,
     ContainerRecord,
     DeviceRecord,
     DriverUnavailable,
     Engine,
     HotmountError,
-    Intent,
     now,
 )
 
@@ -49,6 +48,7 @@ class Remounts:
     engine: Engine
     kube: KubeClient | None
     locks: ContainerLocks
+    intents: Intents
 
     def keep(self, records: Iterable[ContainerRecord]) -> None:
         """Keep what each dead container of a pod had, for its successor."""
@@ -61,7 +61,7 @@ class Remounts:
             intent = Intent(
                 key=key, owner=owner, devices=kept, saved_at=now(), with_driver=bool(record.driver)
             )
-            self.engine.ledger.save_intent(intent)
+            self.intents.save(intent)
             log.info("keeping %s of %s for its container's successor", list(record.devices), key)
 
     def remount(self) -> list[str]:
@@ -70,7 +70,7 @@ class Remounts:
         if self.kube is None:
             return []
         done = []
-        for intent in self.engine.ledger.intents():
+        for intent in self.intents.all():
             try:
                 if self._remount_one(self.kube, intent):
                     done.append(intent.key)
@@ -87,11 +87,11 @@ class Remounts:
             info = None
         container = info.container(name) if info is not None else None
         if info is None or info.uid != owner[POD_UID] or container is None:
-            self.engine.ledger.delete_intent(intent.key)
+            self.intents.delete(intent.key)
             log.info("dropped %s: pod %s/%s is gone", intent.key, namespace, pod)
             return True
         if info.phase in FINISHED:
-            self.engine.ledger.delete_intent(intent.key)
+            self.intents.delete(intent.key)
             log.info("dropped %s: pod %s/%s has %s", intent.key, namespace, pod, info.phase)
             return True
         new_id = container.container_id
@@ -102,7 +102,7 @@ class Remounts:
                 log.debug("remount of %s: container %s is busy", intent.key, new_id)
                 return False
             mounted = self._mount(new_id, info, intent.devices, intent.with_driver)
-        self.engine.ledger.delete_intent(intent.key)
+        self.intents.delete(intent.key)
         names = ", ".join(mounted)
         record_event(
             kube,
@@ -126,8 +126,7 @@ class Remounts:
         gone from the node since, the devices come back with the node's default."""
         riders = [k for k, d in devices.items() if d.with_devices]
         # Whom the claims name (a refusal tells another tenant who holds the GPU).
-        first = next(iter(devices.values())).metadata
-        holder = {k: first[k] for k in HOLDER_KEYS if k in first}
+        workload = next(iter(devices.values())).workload
         by_share: dict[str | None, list[str]] = defaultdict(list)
         for key, device in devices.items():
             if key not in riders:
@@ -138,7 +137,7 @@ class Remounts:
                 self.engine.mount,
                 container_id,
                 keys,
-                metadata=holder,
+                workload=workload,
                 group=f"{pod.namespace}/{pod.name}",
                 share_with=share,
                 rdma=riders if index == 0 and riders else None,
@@ -154,14 +153,14 @@ class Remounts:
 
 
 def forget_devices(
-    engine: Engine, namespace: str, pod: str, container: str | None, keys: set[str] | None
+    intents: Intents, namespace: str, pod: str, container: str | None, keys: set[str] | None
 ) -> tuple[str, list[str]] | None:
     """Take `keys` (None: all) out of the intents of the pod's container (None: any), for an
     unmount while the container is down. (The old container's ID, the keys taken), or None
     when no intent is kept for it."""
     found = [
         i
-        for i in engine.ledger.intents()
+        for i in intents.all()
         if (i.owner["namespace"], i.owner["pod"]) == (namespace, pod)
         and container in (None, i.owner["container"])
     ]
@@ -174,9 +173,9 @@ def forget_devices(
             del intent.devices[key]
         taken += gone
         if intent.devices:
-            engine.ledger.save_intent(intent)
+            intents.save(intent)
         else:
-            engine.ledger.delete_intent(intent.key)
+            intents.delete(intent.key)
     return found[0].owner["containerId"], taken
 
 

@@ -16,7 +16,6 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
 
 from hotmount.cgroups.detect import CgroupLayout, detect
 from hotmount.config import EngineConfig
@@ -24,8 +23,7 @@ from hotmount.devices import companions
 from hotmount.devices.inventory import Inventory
 from hotmount.devices.model import Device
 from hotmount.driver.injection import DriverInjection
-from hotmount.engine import interfaces as netdev_mounting
-from hotmount.engine import plan
+from hotmount.engine import interfaces, plan
 from hotmount.engine.grants import CgroupGrants
 from hotmount.engine.inuse import UseCheck
 from hotmount.engine.reconcile import repair_drift, sweep_claims
@@ -47,7 +45,7 @@ from hotmount.hostfs import HostRoot
 from hotmount.netdev.moves import Netdevs
 from hotmount.netdev.plan import NetdevSpec
 from hotmount.state import claims
-from hotmount.state.claims import Claim
+from hotmount.state.claims import Claim, Workload
 from hotmount.state.ledger import ContainerRecord, DeviceRecord, Ledger, NodeRecord, PendingOp, now
 from hotmount.tenantfs.devnodes import ContainerFs, open_container_fs
 
@@ -133,8 +131,12 @@ class Engine:
         netdev: NetdevSpec | None = None,
         device_metadata: dict[str, dict[str, str]] | None = None,
         with_driver: bool | None = None,
+        workload: Workload | None = None,
     ) -> MountResult:
         """Mount `device_refs` into one container.
+
+        `metadata`: the caller's labels, kept with each device and never read here.
+        `workload`: whom the devices are for, named when another is refused them.
 
         `group`: who may share these devices without asking (a pod: several of its
         containers); default the container alone. `share_with`: a group whose hold on
@@ -145,12 +147,6 @@ class Engine:
         metadata for some devices, by key (each GPU's own pin). `with_driver`: bring the
         driver's files too (hotmount/driver/); None takes the engine's `inject_driver`.
         """
-        if netdev is not None:
-            options: dict[str, Any] = {"force": force, "metadata": metadata, "group": group}
-            options |= {"device_metadata": device_metadata}
-            options |= {"share_with": share_with, "with_rdma": with_rdma, "rdma": rdma}
-            options |= {"with_driver": with_driver}
-            return netdev_mounting.mount_with_netdev(self, ref, device_refs, netdev, options)
         devices = self.inventory.resolve_all(device_refs)
         riders = companions.rdma_for(self.inventory, devices, with_rdma, rdma or ())
         devices += [device for device, _ in riders.values()]
@@ -160,10 +156,15 @@ class Engine:
                 self.steps.finish_pending(record, container)
             new = [d for d in devices if d.key not in record.devices]
             already = [_mounted(d) for d in devices if d.key in record.devices]
+            interface = None
+            if netdev is not None:  # checked whole before anything changes
+                rdma_riders = [device for device, _ in riders.values()]
+                group_now = group or container.key
+                interface = interfaces.plan(self, netdev, devices, rdma_riders, group_now)
             companions.note(record, riders)
             adding_driver = self.driver.adding(container, devices, record, with_driver, alive.check)
             with adding_driver as driver:
-                if not new and driver is None:
+                if not new and driver is None and interface is None:
                     if riders:
                         self.ledger.save(record)
                     return MountResult(container.as_dict(), [], already)
@@ -179,9 +180,11 @@ class Engine:
                     created: list[NodeRecord] = []
                     group = group or container.key
                     try:
-                        joined = self._claim(new, container.key, force, group, share_with, metadata)
+                        joined = self._claim(new, container.key, force, group, share_with, workload)
                         place = driver.place if driver is not None else None
                         self.steps.apply_mount(record, pending, created, fs, alive, place)
+                        if interface is not None:  # last: a failed move puts it back itself
+                            interfaces.apply(self, session, interface)
                     except BaseException:
                         for device in new:
                             self.ledger.release(device.key, container.key)
@@ -197,6 +200,7 @@ class Engine:
                     node_paths=[n.path for n in device.all_nodes],
                     mounted_at=now(),
                     metadata={**(metadata or {}), **(device_metadata or {}).get(device.key, {})},
+                    workload=workload,
                     group=group,
                     shared_with=joined.get(device.key),
                     with_devices=riders[device.key][1] if device.key in riders else [],
@@ -210,7 +214,9 @@ class Engine:
             self.ledger.save(record)
             log.info("mounted %s into %s", [d.key for d in new], container.key)
             mounted = [_mounted(d) for d in new]
-            return MountResult(container.as_dict(), mounted, already, driver=summary)
+            result = MountResult(container.as_dict(), mounted, already, driver=summary)
+            result.netdevs = [interface.name] if interface is not None else []
+            return result
 
     def _claim(
         self,
@@ -219,18 +225,17 @@ class Engine:
         force: bool,
         group: str,
         share_with: str | None,
-        metadata: dict[str, str] | None,
+        workload: Workload | None,
     ) -> dict[str, str | None]:
         """Claim the physical devices behind `devices`, or raise DeviceClaimed naming who
         holds them. Returns the `shared_with` each claim recorded."""
-        holder = {k: v for k, v in (metadata or {}).items() if k in claims.HOLDER_KEYS}
         with self.ledger.claims_lock():
             existing = self.ledger.claims()
             wanted = []
             for device in devices:
                 claim = Claim(owner, device.key, group, self.inventory.footprint(device))
                 joined = claims.joined(claim, existing, share_with) if not force else None
-                wanted.append(replace(claim, shared_with=joined, holder=holder))
+                wanted.append(replace(claim, shared_with=joined, holder=workload))
             if not force:
                 for claim in wanted:
                     blockers = claims.blocking(claim, existing, share_with)
@@ -365,7 +370,7 @@ class Engine:
                 except HotmountError as exc:
                     report.errors[record.key] = exc.message
                     log.warning("reconcile %s: %s", record.key, exc.message)
-        netdev_mounting.return_orphans(self, report)
+        interfaces.return_orphans(self, report)
         sweep_claims(self.ledger, self.inventory)
         report.netdevs += self.netdevs.reconcile(self.ledger.lock)
         if suspensions:

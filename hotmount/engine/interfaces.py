@@ -1,61 +1,69 @@
-"""A mount that brings a network interface with its devices (`Engine.mount(netdev=...)`),
-and the interfaces that no container record stands behind any more.
+"""A network interface as one step of a mount (`Engine.mount(netdev=...)`), and the
+interfaces that no container record stands behind any more.
 
-Checks first, then the devices (the engine's mount, with its own rollback), then the
-interface; a failed move unmounts what this call mounted. Kept out of hotmount/engine/core.py,
-which drives it, as hotmount/netdev/moves.py keeps the moves themselves; it uses the
-engine's public API alone (hotmount/engine/surface.py), so it imports no engine back.
+The same shape as the driver's files (hotmount/driver/steps.py): `plan` checks everything
+before anything changes (the interface allowed and free, the addresses, an RDMA NIC's
+interface only with its NIC); `apply` runs inside the mount's transaction, after its
+nodes and grants, under the same container lock, and its own record
+(`netdevs/<container>@<name>.json`, hotmount/netdev/moves.py) is written before the move,
+with a phase reconcile finishes from; a failed move puts the interface back itself, and
+the mount then undoes its nodes, grants and claims as for any failed step. Unmount takes
+interfaces last (`Netdevs.leaving`). It uses the engine's public API alone
+(hotmount/engine/surface.py), so it imports no engine back.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from hotmount.devices import companions
-from hotmount.engine.results import MountResult, ReconcileReport
+from hotmount.devices.model import Device
+from hotmount.engine.results import ReconcileReport
+from hotmount.engine.session import Session
 from hotmount.engine.surface import EngineSurface
-from hotmount.errors import HotmountError
-from hotmount.host.containers import Container, ContainerRef
-from hotmount.netdev.plan import NetdevRefused, NetdevSpec
+from hotmount.netdev.plan import NetdevRecord, NetdevRefused, NetdevSpec
 
 log = logging.getLogger(__name__)
 
 
-def mount_with_netdev(
+@dataclass(frozen=True)
+class InterfacePlan:
+    """What `apply` moves: the host's interface `name`, as `spec` says, with the devices
+    `with_devices` (its record names them: it goes back when the last of them leaves)."""
+
+    spec: NetdevSpec
+    name: str
+    with_devices: list[str]
+
+
+def plan(
     engine: EngineSurface,
-    ref: str | ContainerRef | Container,
-    device_refs: list[str],
     spec: NetdevSpec,
-    options: dict[str, Any],
-) -> MountResult:
-    devices = engine.inventory.resolve_all(device_refs)
-    riders = companions.rdma_for(
-        engine.inventory, devices, options["with_rdma"], options["rdma"] or ()
-    )
-    name = spec.name or engine.netdevs.choose(
-        n for device, _ in riders.values() for n in device.netdevs
-    )
+    devices: Iterable[Device],
+    riders: Iterable[Device],
+    group: str,
+) -> InterfacePlan:
+    """Check the move before anything changes. `riders`: the RDMA devices coming with the
+    GPUs, whose interfaces `withNetdev` picks from when `spec` names none."""
+    devices, riders = list(devices), list(riders)
+    name = spec.name or engine.netdevs.choose(n for device in riders for n in device.netdevs)
     engine.netdevs.check(spec, name)
-    container = ref if isinstance(ref, Container) else engine.resolve(ref)
-    mounting = {d.key for d in devices} | set(riders)
-    check_owner(engine, name, mounting, options["group"] or container.key)
-    result = engine.mount(container, device_refs, **options)
-    try:
-        with engine.session(container, locked=True) as session:
-            keys = [*(d.key for d in devices), *riders]
-            engine.netdevs.attach(
-                session.key, session.container.init_pid, session.start_time, spec, name, keys
-            )
-    except BaseException:
-        if result.mounted:
-            try:
-                engine.unmount(container, [m.key for m in result.mounted])
-            except HotmountError as exc:
-                log.warning("rollback after the interface move failed: %s", exc.message)
-        raise
-    result.netdevs = [name]
-    return result
+    keys = list(dict.fromkeys(d.key for d in [*devices, *riders]))
+    check_owner(engine, name, set(keys), group)
+    return InterfacePlan(spec, name, keys)
+
+
+def apply(engine: EngineSurface, session: Session, planned: InterfacePlan) -> NetdevRecord:
+    """Move it in (call under the container's lock, inside the mount's transaction)."""
+    return engine.netdevs.attach(
+        session.key,
+        session.container.init_pid,
+        session.start_time,
+        planned.spec,
+        planned.name,
+        planned.with_devices,
+    )
 
 
 def check_owner(engine: EngineSurface, name: str, mounting: set[str], group: str) -> None:

@@ -58,9 +58,8 @@ def claims_of(record: ContainerRecord, keys: set[str], inventory: Inventory) -> 
     for key in sorted(keys):
         entry, device = record.devices[key], inventory.get(key)
         footprint = inventory.footprint(device) if device else claims.UNKNOWN
-        holder = {k: v for k, v in entry.metadata.items() if k in claims.HOLDER_KEYS}
         group = entry.group or record.key
-        out.append(Claim(record.key, key, group, footprint, entry.shared_with, holder))
+        out.append(Claim(record.key, key, group, footprint, entry.shared_with, entry.workload))
     return out
 
 

@@ -15,7 +15,7 @@ from hotmount.engine.session import Session, Sessions
 from hotmount.host.containers import Container, ContainerRef
 from hotmount.hostfs import HostRoot
 from hotmount.netdev.moves import Netdevs
-from hotmount.state.claims import Claim
+from hotmount.state.claims import Claim, Workload
 from hotmount.state.ledger import Ledger
 
 
@@ -58,6 +58,7 @@ class EngineSurface(Protocol):
         rdma: list[str] | None = None,
         device_metadata: dict[str, dict[str, str]] | None = None,
         with_driver: bool | None = None,
+        workload: Workload | None = None,
     ) -> MountResult: ...
 
     def unmount(self, ref: Container, device_refs: list[str]) -> UnmountResult: ...

@@ -349,6 +349,7 @@ class Suspender:
             metadata=kept(first.metadata),
             group=first.group,
             share_with=first.shared_with,
+            workload=first.workload,
             device_metadata={
                 n: {**kept(record.suspended[o].device.metadata), **pins.get(n, {})}
                 for o, n in targets.items()

@@ -32,8 +32,8 @@ Sharing on purpose (CUDA IPC needs two processes to see one GPU):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from hotmount.errors import DeviceClaimed
@@ -110,12 +110,27 @@ def footprint(device: Device, ignore: frozenset[Number] = CONTROL_NUMBERS) -> Fo
 
 
 @dataclass(frozen=True)
+class Workload:
+    """Who a mount is for, in the caller's terms (a pod's container). The engine stores
+    it with each device and names it when it refuses someone else the same device (409);
+    it never decides anything by it. A bare container (no pod) has none."""
+
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+
+    def fields(self) -> dict[str, str]:
+        """The fields set, as the 409's `holders` entries and the claim files carry them."""
+        return {k: v for k, v in vars(self).items() if v}
+
+
+@dataclass(frozen=True)
 class Claim:
     """One container's hold on one device.
 
     `group` is who may share it without asking (a pod, `namespace/name`; for a bare
     container, the container itself); `shared_with` the group it joined on purpose;
-    `holder` says who it is in messages (namespace, pod, container).
+    `holder` says who it is in messages.
     """
 
     owner: str
@@ -123,7 +138,7 @@ class Claim:
     group: str
     footprint: Footprint
     shared_with: str | None = None
-    holder: Mapping[str, str] = field(default_factory=dict)
+    holder: Workload | None = None
 
 
 def circle(start: Iterable[str], claims: Iterable[Claim]) -> set[str]:
@@ -163,18 +178,15 @@ def joined(new: Claim, claims: Iterable[Claim], share_with: str | None) -> str |
     return None
 
 
-HOLDER_KEYS = ("namespace", "pod", "container")
-
-
 def claimed_error(device: Device | None, blockers: list[Claim]) -> DeviceClaimed:
     """409 naming every holder: the container, the name it mounted, its pod."""
     holders = []
     for b in blockers:
         where = f"container {b.owner}"
-        if b.holder.get("pod"):
+        if b.holder is not None and b.holder.pod:
             where = (
-                f"pod {b.holder.get('namespace')}/{b.holder['pod']} "
-                f"(container {b.holder.get('container')}, {b.owner[:12]})"
+                f"pod {b.holder.namespace}/{b.holder.pod} "
+                f"(container {b.holder.container}, {b.owner[:12]})"
             )
         named = "an unreadable claim (reconcile repairs it)" if b.footprint.unknown else b.device
         holders.append((where, named, b))
@@ -184,7 +196,10 @@ def claimed_error(device: Device | None, blockers: list[Claim]) -> DeviceClaimed
         f"device {label} is the same physical device as one hot-mounted in {held}; "
         "unmount it there first, share it on purpose (shareWith), or force",
         blockers[0].owner,
-        [{"containerId": b.owner, "device": b.device, **dict(b.holder)} for _, _, b in holders],
+        [
+            {"containerId": b.owner, "device": b.device, **(b.holder.fields() if b.holder else {})}
+            for _, _, b in holders
+        ],
     )
 
 

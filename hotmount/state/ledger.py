@@ -7,8 +7,6 @@ what the runtime granted itself. Layout under the state directory:
     containers/<key>.json   one record per container (atomic: temp file, rename)
     claims/<owner>@<device> one container's hold on one device, with the device's
                             physical footprint (temp file, then link(2) into place)
-    intents/<key>.json      devices a container had when it died, kept for its successor
-                            (a restarted container of the same pod) until it runs
     locks/<key>.lock        flock held for the length of one operation on a container
 
 A record carries a `pending` plan while an operation runs. If the process dies
@@ -39,12 +37,12 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from hotmount.errors import KernelError
-from hotmount.state.claims import UNKNOWN, Claim, Footprint
+from hotmount.state.claims import UNKNOWN, Claim, Footprint, Workload
 
 LEDGER_VERSION = 1
 CLAIM_VERSION = 2
@@ -83,25 +81,24 @@ class DeviceRecord(BaseModel):
     kind: str
     node_paths: list[str]
     mounted_at: str
-    metadata: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, str] = Field(default_factory=dict)  # the caller's labels: opaque
+    workload: Workload | None = None  # whom it was mounted for (named in a refusal)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workload_of_older_records(cls, data: Any) -> Any:
+        """Records saved before `workload` existed carried it as the labels `namespace`,
+        `pod` and `container` (the agent's, which it still sets): read once from there, so
+        a GPU mounted before an upgrade still names its pod when it refuses another."""
+        if isinstance(data, dict) and "workload" not in data:
+            labels = data.get("metadata") or {}
+            if isinstance(labels, dict) and labels.get("pod"):
+                data = {**data, "workload": _workload(labels)}
+        return data
+
     group: str | None = None  # who may share it without asking (see hotmount/state/claims.py)
     shared_with: str | None = None  # the group it joined on purpose
     with_devices: list[str] = Field(default_factory=list)  # RDMA: the GPUs it came with
-
-
-class Intent(BaseModel):
-    """What a container that died had, to be mounted again into the one that replaces
-    it. `owner` says who that is, in the caller's own terms (the engine reads none of it);
-    it holds no grant and no claim: the devices are free until mounted again."""
-
-    version: int = LEDGER_VERSION
-    key: str
-    owner: dict[str, str]
-    devices: dict[str, DeviceRecord]
-    saved_at: str
-    # whether it had the driver's files: its successor gets them again, or not, whatever
-    # the node's default (None: an intent saved before this was kept)
-    with_driver: bool | None = None
 
 
 class PendingOp(BaseModel):
@@ -184,8 +181,7 @@ class Ledger:
         self._containers = state_dir / "containers"
         self._claims = state_dir / "claims"
         self._locks = state_dir / "locks"
-        self._intents = state_dir / "intents"
-        for directory in (self._containers, self._claims, self._locks, self._intents):
+        for directory in (self._containers, self._claims, self._locks):
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Plain strings for the per-operation paths: pathlib costs more than the syscalls.
         self._containers_dir = os.fspath(self._containers)
@@ -217,29 +213,6 @@ class Ledger:
         names = sorted(n for n in os.listdir(self._containers_dir) if n.endswith(".json"))
         records = (_parse(os.path.join(self._containers_dir, n)) for n in names if n[0] != ".")
         return [record for record in records if record is not None]
-
-    # -- intents: what a dead container's successor should have again
-    def save_intent(self, intent: Intent) -> None:
-        atomic_write(self._intent_path(intent.key), intent.model_dump_json().encode())
-
-    def delete_intent(self, key: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._intent_path(key))
-
-    def intents(self) -> list[Intent]:
-        directory = os.fspath(self._intents)
-        found = []
-        for name in sorted(n for n in os.listdir(directory) if n.endswith(".json")):
-            try:
-                data = _read_bytes(os.path.join(directory, name))
-                if data is not None:
-                    found.append(Intent.model_validate_json(data))
-            except ValueError as exc:
-                log.warning("ignoring unreadable intent %s: %s", name, exc)
-        return found
-
-    def _intent_path(self, key: str) -> str:
-        return f"{os.fspath(self._intents)}/{_file_name(key)}.json"
 
     # -- per-container operation lock
     @contextlib.contextmanager
@@ -357,7 +330,7 @@ def _claim_bytes(claim: Claim) -> bytes:
             shared_with=claim.shared_with,
             exclusive=sorted(claim.footprint.exclusive),
             touched=sorted(claim.footprint.touched),
-            holder=dict(claim.holder),
+            holder=claim.holder.fields() if claim.holder else {},
         )
         .model_dump_json()
         .encode()
@@ -371,8 +344,13 @@ def _claim_of(record: ClaimRecord) -> Claim:
         group=record.group,
         footprint=Footprint(frozenset(record.exclusive), frozenset(record.touched)),
         shared_with=record.shared_with,
-        holder=record.holder,
+        holder=_workload(record.holder),
     )
+
+
+def _workload(fields: dict[str, str]) -> Workload | None:
+    known = {k: v for k, v in fields.items() if k in ("namespace", "pod", "container")}
+    return Workload(**known) if known else None
 
 
 def _temp_beside(path: str) -> str:

@@ -97,11 +97,12 @@ def unmount_result(
 
 def hot_holder(claim: Claim, pin: str | None = None) -> DeviceHolder:
     """A hot-mount's hold on a device (one engine claim), as a device's holder."""
+    held_by = claim.holder.fields() if claim.holder else {}
     return DeviceHolder(
         source="hotmount",
-        namespace=claim.holder.get("namespace"),
-        pod=claim.holder.get("pod"),
-        container=claim.holder.get("container"),
+        namespace=held_by.get("namespace"),
+        pod=held_by.get("pod"),
+        container=held_by.get("container"),
         container_id=claim.owner,
         device=claim.device,
         shared_with=pod_of(claim.shared_with),

@@ -15,6 +15,7 @@ import pytest
 
 from hotmount.engine.core import Engine, EngineConfig
 from hotmount.errors import DeviceClaimed
+from hotmount.state.claims import Workload
 from tests.kernel.test_bad_input import _kernel_view
 from tests.support.runc import RuncContainer
 
@@ -94,13 +95,16 @@ def test_another_name_of_a_held_gpu_is_refused_and_nothing_changes(
     engine: Engine, make_container: Make, mode: str, held: str, asked: str
 ) -> None:
     a, b = make_container(mode), make_container(mode)
-    engine.mount(a.id, [held], metadata={"namespace": "team-a", "pod": "a", "container": "main"})
+    # The refusal names the typed workload; the caller's labels are opaque to the engine.
+    labels = {"namespace": "decoy", "pod": "decoy"}
+    engine.mount(a.id, [held], metadata=labels, workload=Workload("team-a", "a", "main"))
     before = _kernel_view(b)
 
     with pytest.raises(DeviceClaimed) as refused:
         engine.mount(b.id, [asked])
 
     assert "team-a/a" in refused.value.message and a.id[:12] in refused.value.message
+    assert "decoy" not in refused.value.message
     assert [h["pod"] for h in refused.value.holders] == ["a"]
     assert _kernel_view(b) == before and engine.ledger.load(b.id) is None
     assert {c.owner for c in engine.ledger.claims()} == {a.id}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hotmount.state.claims import Claim, Footprint
+from hotmount.state.claims import Claim, Footprint, Workload, claimed_error
 from hotmount.state.ledger import (
     ContainerRecord,
     DeviceRecord,
@@ -135,7 +135,7 @@ def test_a_second_ledger_on_the_same_dir_sees_the_records(ledger: Ledger) -> Non
 
 def claim(device: str, owner: str, group: str = "default/nb", minor: int = 0) -> Claim:
     numbers = frozenset({(195, minor)})
-    return Claim(owner, device, group, Footprint(numbers, numbers), holder={"pod": "nb"})
+    return Claim(owner, device, group, Footprint(numbers, numbers), holder=Workload(pod="nb"))
 
 
 def test_claims_round_trip_with_their_footprint(ledger: Ledger) -> None:
@@ -145,7 +145,7 @@ def test_claims_round_trip_with_their_footprint(ledger: Ledger) -> None:
         "default/nb",
         Footprint(frozenset({(240, 12)}), frozenset({(240, 12), (195, 0)})),
         shared_with="default/producer",
-        holder={"namespace": "default", "pod": "nb", "container": "main"},
+        holder=Workload("default", "nb", "main"),
     )
     ledger.add_claims([mine, claim("GPU-2", OTHER, minor=1)])
     assert sorted(ledger.claims(), key=lambda c: c.owner) == [mine, claim("GPU-2", OTHER, minor=1)]
@@ -252,4 +252,35 @@ def test_awkward_keys_stay_inside_the_state_dir(ledger: Ledger) -> None:
     for name in claim_files:
         data = json.loads((ledger.state_dir / "claims" / name).read_text())
         assert f"{_file_name(data['owner'])}@{_file_name(data['device'])}" == name
-    assert sorted(os.listdir(ledger.state_dir)) == ["claims", "containers", "intents", "locks"]
+    assert sorted(os.listdir(ledger.state_dir)) == ["claims", "containers", "locks"]
+
+
+def test_a_device_keeps_whom_it_was_mounted_for_apart_from_its_labels() -> None:
+    """The engine's typed `workload` is what a refusal names; the caller's labels are
+    opaque. A record saved before `workload` existed (the agent's labels named the pod)
+    reads with the workload those labels gave, once; a bare container's has none."""
+    labels = {"namespace": "ml", "pod": "nb", "container": "main", "holder": "pin-1"}
+    older = {"key": "GPU-1", "kind": "gpu", "node_paths": [], "mounted_at": "t", "metadata": labels}
+    assert DeviceRecord.model_validate(older).workload == Workload("ml", "nb", "main")
+    bare = {**older, "metadata": {"container_id": "c1"}}
+    assert DeviceRecord.model_validate(bare).workload is None
+    now_saved = DeviceRecord.model_validate({**older, "workload": None, "metadata": labels})
+    assert now_saved.workload is None  # saved with its own field: the labels are not read
+    typed = DeviceRecord(
+        key="GPU-1", kind="gpu", node_paths=[], mounted_at="t", workload=Workload(pod="x")
+    )
+    assert DeviceRecord.model_validate_json(typed.model_dump_json()) == typed
+
+
+def test_a_refusal_names_the_workload_and_never_the_labels() -> None:
+    numbers = frozenset({(195, 0)})
+    held = Claim(
+        "c1", "GPU-1", "ml/nb", Footprint(numbers, numbers), None, Workload("ml", "nb", "m")
+    )
+    bare = Claim("c2", "GPU-1", "c2", Footprint(numbers, numbers))
+    assert "pod ml/nb (container m" in claimed_error(None, [held]).message
+    assert claimed_error(None, [held]).holders[0] == {
+        "containerId": "c1", "device": "GPU-1", "namespace": "ml", "pod": "nb", "container": "m",
+    }  # fmt: skip
+    assert claimed_error(None, [bare]).message.startswith("device GPU-1 is the same physical")
+    assert "container c2 as GPU-1" in claimed_error(None, [bare]).message

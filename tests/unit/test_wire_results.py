@@ -7,7 +7,7 @@ import pytest
 
 from hotmount import errors
 from hotmount.engine import results as engine
-from hotmount.state.claims import Claim
+from hotmount.state.claims import Claim, Workload
 from hotmount.wire.errors import EXIT_CONFLICT, EXIT_NOT_FOUND, EXIT_TIMEOUT, EXIT_USAGE, error_for
 from hotmount.wire.results import (
     container_id_of,
@@ -113,7 +113,7 @@ def test_a_claim_is_a_hotmount_holder_named_after_its_pod() -> None:
         group="ml/nb-0",
         footprint=None,  # type: ignore[arg-type]
         shared_with="ml/nb-1",
-        holder={"namespace": "ml", "pod": "nb-0", "container": "main"},
+        holder=Workload("ml", "nb-0", "main"),
     )
     holder = hot_holder(claim, pin="nb-0-pin")
     assert (holder.source, holder.namespace, holder.pod, holder.container) == (
