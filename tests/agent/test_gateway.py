@@ -12,7 +12,6 @@ A forwarded request is never forwarded again.
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,15 +38,7 @@ class RevocableRule(AccessRule):
 
 
 def requests_seen(agent: AgentProcess) -> list[dict[str, Any]]:
-    seen = []
-    for line in agent.log.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if entry.get("logger") == "hotmount.access" and entry.get("path") != "/healthz":
-            seen.append(entry)
-    return seen
+    return [e for e in agent.entries("hotmount.access") if e.get("path") != "/healthz"]
 
 
 def holder_of(agent: AgentProcess, key: str) -> dict[str, Any] | None:

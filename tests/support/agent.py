@@ -118,8 +118,8 @@ class AgentProcess:
         self.stop()
         raise RuntimeError(f"the agent did not come up: {self.log.read_text()[-3000:]}")
 
-    def messages(self, logger: str) -> list[str]:
-        """What the agent logged under `logger` (its JSON lines), in order."""
+    def entries(self, logger: str) -> list[dict[str, Any]]:
+        """The agent's JSON log lines under `logger`, in order."""
         found = []
         for line in self.log.read_text().splitlines():
             try:
@@ -127,8 +127,12 @@ class AgentProcess:
             except ValueError:
                 continue
             if isinstance(entry, dict) and entry.get("logger") == logger:
-                found.append(str(entry.get("msg")))
+                found.append(entry)
         return found
+
+    def messages(self, logger: str) -> list[str]:
+        """What the agent logged under `logger`, in order."""
+        return [str(entry.get("msg")) for entry in self.entries(logger)]
 
     def stop(self, grace: float = 10) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds."""
