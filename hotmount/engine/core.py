@@ -156,11 +156,11 @@ class Engine:
                 self.steps.finish_pending(record, container)
             new = [d for d in devices if d.key not in record.devices]
             already = [_mounted(d) for d in devices if d.key in record.devices]
+            group = group or container.key
             interface = None
             if netdev is not None:  # checked whole before anything changes
                 rdma_riders = [device for device, _ in riders.values()]
-                group_now = group or container.key
-                interface = interfaces.plan(self, netdev, devices, rdma_riders, group_now)
+                interface = interfaces.plan(self, netdev, devices, rdma_riders, group)
             companions.note(record, riders)
             adding_driver = self.driver.adding(container, devices, record, with_driver, alive.check)
             with adding_driver as driver:
@@ -178,7 +178,6 @@ class Engine:
                     )
                     self.ledger.save(record)
                     created: list[NodeRecord] = []
-                    group = group or container.key
                     try:
                         joined = self._claim(new, container.key, force, group, share_with, workload)
                         place = driver.place if driver is not None else None
