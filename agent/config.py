@@ -124,6 +124,31 @@ class AgentSettings(BaseSettings):
         ),
         json_schema_extra={"metavar": "DURATION"},
     )
+    # Issue 42: pods that ask for hotmount.io/gpu-on-demand (agent/ondemand/).
+    on_demand_idle: float = Field(
+        default=20.0,
+        gt=0,
+        le=3600,
+        description=(
+            "seconds an on-demand pod's GPU stays attached after its last cell ends before "
+            "it is suspended, unless the pod's hotmount.io/gpu-on-demand-idle says"
+        ),
+    )
+    on_demand_min_hold: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description=(
+            "seconds an on-demand pod keeps a GPU at least before it is suspended for a "
+            "waiting pod (its cells idle); a busy GPU is never taken"
+        ),
+    )
+    on_demand_per_caller: int = Field(
+        default=2, ge=1, le=64, description="places one caller may hold in the on-demand queue"
+    )
+    on_demand_queue_limit: int = Field(
+        default=256, ge=1, le=4096, description="places the node's on-demand queue holds"
+    )
     # Issue 20: what idle means, when neither the mount nor hotmount.io/idle-policy says.
     idle_policy: Literal["unheld", "unused", "suspend"] = Field(
         default="unheld",

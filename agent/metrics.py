@@ -242,6 +242,8 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.on_demand = OnDemandMetrics(self.registry)
+
     def watch_mounts(self, node: str, source: Callable[[], list[MountSample]]) -> None:
         """Serve the per-mount gauges from `source`, called at every scrape."""
         self.registry.register(_MountCollector(node, source))
@@ -249,3 +251,54 @@ class Metrics:
     def watch_gpu_states(self, node: str, source: Callable[[], dict[str, int]]) -> None:
         """Serve `hotmount_node_gpus` from `source`, called at every scrape."""
         self.registry.register(_GpuStateCollector(node, source))
+
+
+class OnDemandMetrics:
+    """Issue 42: the node's on-demand GPUs (agent/ondemand/). `gpu_seconds` against
+    `dedicated_seconds` is what on demand saves: the GPU-seconds attached, and those the
+    same pods would have held with their GPUs for all the time the agent knew them."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.queue_length = Gauge(
+            "hotmount_ondemand_queue_length",
+            "On-demand requests waiting for a free GPU on this node",
+            registry=registry,
+        )
+        self.wait = Histogram(
+            "hotmount_ondemand_wait_seconds",
+            "How long an on-demand cell waited for its GPU (0 when one was attached or free)",
+            registry=registry,
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+        )
+        self.attaches = Counter(
+            "hotmount_ondemand_attaches_total",
+            "On-demand GPUs attached: `first` (a pod's first cell), `resume` (a suspended "
+            "pod's next cell, onto any free GPU of its model)",
+            ["how"],
+            registry=registry,
+        )
+        self.suspends = Counter(
+            "hotmount_ondemand_suspends_total",
+            "On-demand GPUs suspended: `idle` (no cell for the pod's idle time), `waiter` "
+            "(idle past the minimum hold, for a pod in the queue)",
+            ["why"],
+            registry=registry,
+        )
+        self.refused = Counter(
+            "hotmount_ondemand_refused_total",
+            "On-demand requests refused or given up, by reason (QuotaExceeded, "
+            "TooManyRequests, Abandoned: the caller stopped asking)",
+            ["reason"],
+            registry=registry,
+        )
+        self.gpu_seconds = Counter(
+            "hotmount_ondemand_gpu_seconds_total",
+            "GPU-seconds on-demand pods held a GPU attached",
+            registry=registry,
+        )
+        self.dedicated_seconds = Counter(
+            "hotmount_ondemand_dedicated_gpu_seconds_total",
+            "GPU-seconds the same pods would have held with dedicated GPUs (each pod's count "
+            "times its time known to the agent)",
+            registry=registry,
+        )

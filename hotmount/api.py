@@ -56,7 +56,7 @@ from hotmount.state.ledger import (
     atomic_write,
     now,
 )
-from hotmount.suspend.choose import NoGpuFree
+from hotmount.suspend.choose import Candidate, NoGpuFree
 from hotmount.suspend.model import Listed, ResumeResult, SuspendResult, gpu_uuid
 from hotmount.suspend.processes import Progress
 from hotmount.tenantfs.forked import last_finished, set_default_deadline
@@ -68,6 +68,7 @@ __all__ = [
     "DEFAULT_STATE_DIR",
     "RDMA_NODE_DIR",
     "ActivitySampler",
+    "Candidate",
     "ChildTimeout",
     "Claim",
     "Conflict",

@@ -46,9 +46,9 @@ def api_resources(caller: Caller) -> dict[str, Any]:
                     "name": f"gpumounts/{sub}",
                     "namespaced": True,
                     "kind": "GPUMount",
-                    "verbs": ["create", "get"],
+                    "verbs": ["create", "get"] if sub in ("suspend", "resume") else ["create"],
                 }
-                for sub in ("suspend", "resume")
+                for sub in ("suspend", "resume", "acquire", "release")
             ),
             {
                 "name": "nodedevices",

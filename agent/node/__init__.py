@@ -33,6 +33,8 @@ from agent.node.mounting import Mounting
 from agent.node.moves import Moves
 from agent.node.reconcile import ReconcilePass
 from agent.node.remounts import Remounts
+from agent.ondemand.arbiter import Arbiter
+from agent.ondemand.handover import HandOver
 from agent.podresources import PodResourcesClient
 from agent.suspend.suspending import Suspending
 from hotmount.api import Engine
@@ -49,6 +51,7 @@ class Node:
     listing: Listing
     reconciler: ReconcilePass
     suspending: Suspending
+    ondemand: Arbiter
 
     @classmethod
     def build(
@@ -74,7 +77,12 @@ class Node:
         mounting = Mounting(
             engine, kube, metrics, locks, targets, kubelet, holders, pins, idle_reclaim, desired
         )
-        listing = Listing(settings, engine, kube, targets, kubelet, accounting, idle_reclaim)
+        suspending = Suspending(engine, kube, metrics, locks, targets, kubelet, holders, pins)
+        handover = HandOver(engine, metrics.on_demand, mounting, suspending)
+        ondemand = Arbiter(settings, engine, metrics.on_demand, targets, handover)
+        listing = Listing(
+            settings, engine, kube, targets, kubelet, accounting, idle_reclaim, ondemand.queued
+        )
         metrics.watch_mounts(settings.node_name or "", listing.mount_samples)
         metrics.watch_gpu_states(settings.node_name or "", GpuStates(engine, kubelet).counts)
         return cls(
@@ -85,7 +93,8 @@ class Node:
             mounting=mounting,
             moves=Moves(engine, kube, metrics, locks, targets, mounting),
             listing=listing,
-            suspending=Suspending(engine, kube, metrics, locks, targets, kubelet, holders, pins),
+            suspending=suspending,
+            ondemand=ondemand,
             reconciler=ReconcilePass(
                 engine,
                 metrics,

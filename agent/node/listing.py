@@ -4,6 +4,7 @@ pod's or a namespace's or a container's mounts, and the per-mount metrics sample
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.books.accounting import Accounting
@@ -27,6 +28,7 @@ from hotmount.wire.schemas import (
     DeviceList,
     MountedDevice,
     PodDevices,
+    QueuedRequest,
 )
 
 # The kinds a scheduler's books can hold (an RDMA NIC is outside "Accounting" for now).
@@ -42,6 +44,7 @@ class Listing:
     kubelet: KubeletBooks
     accounting: Accounting
     idle_reclaim: IdleReclaim
+    queued: Callable[[], list[QueuedRequest]] = list  # the on-demand queue (agent/ondemand/)
 
     @property
     def node_name(self) -> str | None:
@@ -81,7 +84,7 @@ class Listing:
             info = DeviceInfo.of(device, holders, near.get(device.key), nic, management)
             info.idle_seconds = idle_seconds.get(device.key)
             infos.append(info)
-        return DeviceList(node=self.settings.node_name, devices=infos)
+        return DeviceList(node=self.settings.node_name, devices=infos, queue=self.queued())
 
     def _idle_seconds(self) -> dict[str, int]:
         """Each hot-mounted device's idle time (the least, when several containers share it)."""

@@ -32,7 +32,7 @@ DEFAULT_LIMIT = 256
 
 @dataclass(frozen=True)
 class Request:
-    """One pod waiting for a GPU of `model`."""
+    """One pod waiting for a GPU of `model` (`""`: of any model)."""
 
     ticket: int  # arrival order on this node: lower came first
     namespace: str
@@ -91,8 +91,9 @@ class FairQueue:
         return self._waiting.pop(ticket, None)
 
     def waiting(self, model: str | None = None) -> list[Request]:
-        """Every waiting request (of `model`), in arrival order."""
-        found = (r for r in self._waiting.values() if model is None or r.model == model)
+        """Every waiting request (of `model`; one for any model, `""`, waits for each),
+        in arrival order."""
+        found = (r for r in self._waiting.values() if model is None or r.model in (model, ""))
         return sorted(found, key=lambda r: r.ticket)
 
     def order(self, model: str) -> list[Request]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from agent.aggregated.objects import PREFIX
-from agent.operations import mounts, reassign, suspends
+from agent.operations import mounts, ondemand, reassign, suspends
 from agent.operations.table import Operation, register
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -25,6 +25,8 @@ OPERATIONS: tuple[Operation, ...] = (
     suspends.RESUME,
     suspends.SUSPEND_PROGRESS,
     suspends.RESUME_PROGRESS,
+    ondemand.ACQUIRE,
+    ondemand.RELEASE,
     reassign.REASSIGN,
     mounts.APPLY,
 )

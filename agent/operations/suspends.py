@@ -38,15 +38,15 @@ GPUMOUNT = f"/{VERSION}/namespaces/{{namespace}}/gpumounts/{{pod}}"
 NAMESPACE, POD = path("namespace", Namespace), path("pod", PodName)
 
 
-def _ask(args: Args) -> Ask:
+def ask_of(args: Args) -> Ask:
     return Ask(args["namespace"], args["pod"], args.get("body"), options=args)
 
 
-def _sent(args: Args, ask: Ask) -> Any:
+def sent_body(args: Args, ask: Ask) -> Any:
     return args["body"].model_dump(by_alias=True, exclude_none=True)
 
 
-def _gpumount(call: Call, result: Any) -> dict[str, Any]:
+def as_gpumount(call: Call, result: Any) -> dict[str, Any]:
     return kube_object("GPUMount", call.ask.pod, result, call.ask.namespace)
 
 
@@ -98,8 +98,10 @@ def _posted(op: str, model: Any, result: Any, verb: str, run: Any) -> Operation:
         run=run,
         kind="GPUMount",
         metric=op,
-        v1=Face(f"{V1_POD}/{op}", op, params, _ask, _sent, doc=POSTED_DOCS[op]),
-        aggregated=[Face(f"{GPUMOUNT}/{op}", f"{op}_gpumount", params, _ask, _sent, _gpumount)],
+        v1=Face(f"{V1_POD}/{op}", op, params, ask_of, sent_body, doc=POSTED_DOCS[op]),
+        aggregated=[
+            Face(f"{GPUMOUNT}/{op}", f"{op}_gpumount", params, ask_of, sent_body, as_gpumount)
+        ],
     )
 
 
@@ -127,9 +129,9 @@ def _progress(op: Literal["suspend", "resume"]) -> Operation:
         kind="GPUMount",
         authorize=may_watch,
         answered_here=running,
-        v1=Face(f"{V1_POD}/{op}", f"{op}_progress", params, _ask, doc=PROGRESS_DOC),
+        v1=Face(f"{V1_POD}/{op}", f"{op}_progress", params, ask_of, doc=PROGRESS_DOC),
         aggregated=[
-            Face(f"{GPUMOUNT}/{op}", f"{op}_gpumount_progress", params, _ask, answer=_gpumount)
+            Face(f"{GPUMOUNT}/{op}", f"{op}_gpumount_progress", params, ask_of, answer=as_gpumount)
         ],
     )
 

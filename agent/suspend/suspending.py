@@ -156,7 +156,7 @@ class Suspending:
         """The engine's resume onto GPUs pinned first (the pins deleted again if it fails):
         a GPU whose pin is refused because it is taken is left out of the next choice."""
         suspender = self.engine.suspender
-        unavailable = self._allocated_elsewhere(target)
+        unavailable = self.allocated_elsewhere(target)
         for _ in range(PIN_ATTEMPTS):
             plan = suspender.plan(container_id, onto=wanted, unavailable=unavailable)
             old = self._suspended(container_id)
@@ -195,7 +195,7 @@ class Suspending:
         finding, that GPU (its pin was refused for it alone)."""
         chosen = set(plan.values())
         held = set(self.engine.holders())
-        taken = (self._allocated_elsewhere(target) | held) & chosen
+        taken = (self.allocated_elsewhere(target) | held) & chosen
         if not taken and len(chosen) == 1:
             taken = frozenset(chosen)
         return frozenset(taken - unavailable)
@@ -216,7 +216,7 @@ class Suspending:
         with no look at the pod (a polled GET costs the API server nothing)."""
         return self.in_flight.look(namespace, pod, op, container).running
 
-    def _allocated_elsewhere(self, target: PodInfo) -> frozenset[str]:
+    def allocated_elsewhere(self, target: PodInfo) -> frozenset[str]:
         """GPUs the kubelet gave another running pod: never resumed onto."""
         taken = set()
         for device in self.engine.inventory.devices:

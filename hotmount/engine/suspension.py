@@ -307,9 +307,10 @@ class Suspender:
         choose.require_moves(version, moves)
         return api, chosen, moves
 
-    def _choose(
-        self, record: ContainerRecord, onto: list[str] | None, unavailable: frozenset[str]
-    ) -> dict[str, choose.Candidate]:
+    def free_gpus(self, unavailable: frozenset[str] = frozenset()) -> list[choose.Candidate]:
+        """The whole GPUs no claim holds (and not `unavailable`), each with NVML's model
+        name (one GPU may be listed under two names): what a resume may land on, and
+        what an on-demand pod's first GPU is taken from (agent/ondemand/)."""
         engine = self.engine
         gpus = [d for d in engine.inventory.devices if gpu_uuid(d)]
         view = nvml.look([gpu_uuid(d) or "" for d in gpus])
@@ -318,13 +319,17 @@ class Suspender:
         # One GPU may be listed twice (NVML's and a CDI spec's name): held under one name
         # is held under both.
         taken = {gpu_uuid(d) for d in gpus if d.key in held or d.key in unavailable}
-        free = [
+        return [
             choose.Candidate(d.key, gpu_uuid(d) or "", models.get(gpu_uuid(d) or ""))
             for d in gpus
             if gpu_uuid(d) not in taken and d.mig is None
         ]
+
+    def _choose(
+        self, record: ContainerRecord, onto: list[str] | None, unavailable: frozenset[str]
+    ) -> dict[str, choose.Candidate]:
         old = [choose.Candidate(k, s.uuid, s.model) for k, s in record.suspended.items()]
-        return choose.targets(old, free, onto)
+        return choose.targets(old, self.free_gpus(unavailable), onto)
 
     def _mount(
         self,

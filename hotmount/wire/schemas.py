@@ -10,9 +10,9 @@ Paths (JSON, camelCase, OpenAPI at /openapi.json):
     POST   /v1/namespaces/{ns}/pods/{pod}/devices             MountRequest -> MountResult
     DELETE /v1/namespaces/{ns}/pods/{pod}/devices/{device}?force=&container=  -> UnmountResult
     POST   /v1/namespaces/{ns}/pods/{pod}/suspend             SuspendRequest -> SuspendResult
-    GET    /v1/namespaces/{ns}/pods/{pod}/suspend?container=  -> OperationProgress
     POST   /v1/namespaces/{ns}/pods/{pod}/resume              ResumeRequest -> ResumeResult
-    GET    /v1/namespaces/{ns}/pods/{pod}/resume?container=   -> OperationProgress
+    GET    /v1/namespaces/{ns}/pods/{pod}/suspend|resume?container=  -> OperationProgress
+    POST   /v1/namespaces/{ns}/pods/{pod}/acquire|release     (hotmount/wire/ondemand.py)
     POST   /v1/reassign                                       ReassignRequest -> ReassignResult
     standalone (--no-kubernetes):
     GET    /v1/containers/{id}/devices                        -> PodDevices
@@ -20,8 +20,8 @@ Paths (JSON, camelCase, OpenAPI at /openapi.json):
     DELETE /v1/containers/{id}/devices/{device}?force=        -> UnmountResult
 
 The aggregated API (`hotmount.io/v1alpha1`, served behind an APIService) carries the
-same models inside Kubernetes-style objects; see `agent/aggregated/`.
-Every error is a `Status` with a `reason` a program can branch on.
+same models inside Kubernetes-style objects (`agent/aggregated/`). Every error is a
+`Status` with a `reason` a program can branch on.
 """
 
 from __future__ import annotations
@@ -196,9 +196,19 @@ class DeviceInfo(Model):
         )
 
 
+class QueuedRequest(Model):  # a place in the node's on-demand queue (wire/ondemand.py)
+    namespace: str
+    pod: str
+    model: str | None  # None: any model
+    position: int  # 1: the next served among the waiters for its model
+    waited_seconds: float
+    priority: int = 0
+
+
 class DeviceList(Model):
     node: str | None
     devices: list[DeviceInfo]
+    queue: list[QueuedRequest] = Field(default_factory=list)  # on-demand pods waiting
 
 
 class NetdevRequest(Request):
@@ -377,14 +387,9 @@ class UnmountResult(Model):
 
 
 # The most a caller may let each CUDA process take to lock (drain its GPU work) on
-# suspend: the one step of a suspension whose length the caller picks. For all of it
-# the container's lock is held, so reconcile skips that container's repairs (the
-# take-back of a GPU whose pin the tenant deleted, a double booking) until it ends.
-# Kept well below the liveness allowance (agent/node/heartbeat.py: 60 s by default), which
-# counts a bounded child as progress only when it returns: the lock call may last this
-# plus a 30 s margin (hotmount/suspend/cuda.py), so even on a thread the heartbeat
-# watches, one lock step ends within the default allowance. With 300 s, a tenant's
-# suspend plus a deleted pin once got the agent restarted.
+# suspend, all of it under the container's lock (reconcile's repairs of it wait): well
+# below the heartbeat's 60 s allowance, which counts the lock call (this plus a 30 s
+# margin) as progress only when it returns.
 MAX_LOCK_TIMEOUT = 30.0
 
 

@@ -140,11 +140,13 @@ class Cluster:
         namespace: str = "default",
         node: str = "node-a",
         nofile: int | None = None,
+        annotations: dict[str, str] | None = None,
     ) -> RuncContainer:
         """`nofile`: the container's RLIMIT_NOFILE (default runc's 1024)."""
         container = RuncContainer(self.workdir, self.rootfs, mode, nofile=nofile)
         self.containers.append(container)
-        self.kube.put_pod(pod_manifest(name, container, namespace, node))
+        manifest = pod_manifest(name, container, namespace, node, annotations=annotations)
+        self.kube.put_pod(manifest)
         return container
 
     def agent(

@@ -59,9 +59,11 @@ def test_discovery(cluster: Cluster, backend: AggregatedAgent) -> None:
     assert (doc["kind"], doc["groupVersion"]) == ("APIResourceList", "hotmount.io/v1alpha1")
     by_name = {r["name"]: r for r in doc["resources"]}
     assert set(by_name) == {
-        "gpumounts", "gpumounts/suspend", "gpumounts/resume", "nodedevices", "reassignments"
+        "gpumounts", "gpumounts/suspend", "gpumounts/resume", "gpumounts/acquire",
+        "gpumounts/release", "nodedevices", "reassignments"
     }  # fmt: skip
     assert by_name["gpumounts/suspend"]["verbs"] == ["create", "get"]
+    assert by_name["gpumounts/acquire"]["verbs"] == ["create"]
     assert by_name["gpumounts"]["namespaced"] is True
     assert by_name["gpumounts"]["kind"] == "GPUMount"
     assert set(by_name["gpumounts"]["verbs"]) == {"create", "delete", "get", "list", "patch"}

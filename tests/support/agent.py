@@ -178,6 +178,7 @@ def pod_manifest(
     namespace: str = "default",
     node: str = "node-a",
     container_name: str = "main",
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": "Running" if container else "Pending"}
     if container is not None:
@@ -195,7 +196,12 @@ def pod_manifest(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": str(uuid.uuid4()),
+            **({"annotations": annotations} if annotations else {}),
+        },
         "spec": {"nodeName": node, "containers": [{"name": container_name, "image": "busybox"}]},
         "status": status,
     }

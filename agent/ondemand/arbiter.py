@@ -1,0 +1,447 @@
+"""On-demand GPUs at run time (issue 42): who holds a GPU now, who waits, and the one
+thread that hands GPUs over.
+
+A pod annotated `hotmount.io/gpu-on-demand` (policy.py) holds a GPU only while its cells
+run. Its notebook calls `acquire` before a cell and `release` after it:
+
+- **acquire**: a GPU already attached answers at once. A suspended pod is resumed onto any
+  free GPU of its model (agent/suspend/suspending.py: the pin made again for that GPU); a
+  pod with none yet gets its count of free GPUs by name (agent/node/mounting.py: pinned as
+  a mount by name is). With none free, or others of the model already waiting, the pod
+  joins the node's fair queue (queue.py) and the call waits up to `waitSeconds`, then
+  answers its place; the next call with its ticket keeps that place.
+- **release**: the cell ended: the GPU is suspended after the pod's idle time unless
+  another cell comes (no warning first: the next cell resumes it). `leave`: the caller
+  stopped waiting; its place goes at once.
+
+The hand-over thread (`_run`) serves the queue: the head of each model's order gets the
+first free GPU; with none free, it suspends the on-demand GPU idle longest past the
+minimum hold (never one whose cell runs) and serves the head with it. It also suspends
+GPUs idle past their time, drops waiters that stopped asking (a closed notebook), and
+counts GPU-seconds. Resumes and suspends run outside the arbiter's lock, under the
+container's own (the use cases take it); a pod in the middle of one is `moving`, and no
+other step starts on it until it ends.
+
+The books follow the GPU: a suspend deletes the pin (and with it the quota charge), a
+resume pins the GPU resumed onto, so an ordinary pod is never given, or refused for, a GPU
+a notebook does not hold now. State lives in memory: after an agent restart a pod's next
+acquire finds its mounts and suspensions in the ledger and carries on.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent.common.targets import Targets
+from agent.config import AgentSettings
+from agent.errors import (
+    ApiError,
+    BadRequest,
+    PinRefused,
+    QuotaExceeded,
+    TooManyRequests,
+)
+from agent.kube.client import PodInfo
+from agent.metrics import OnDemandMetrics
+from agent.ondemand import policy
+from agent.ondemand.handover import HandOver, Tracked
+from agent.ondemand.queue import (
+    FairQueue,
+    Holding,
+    QueueRefused,
+    Request,
+    choose_victim,
+    estimate,
+    ordinal,
+)
+from hotmount.api import Engine, HotmountError, NoGpuFree
+from hotmount.wire.ondemand import (
+    AcquireRequest,
+    AcquireResult,
+    QueuedRequest,
+    ReleaseRequest,
+    ReleaseResult,
+)
+
+log = logging.getLogger(__name__)
+
+TICK = 0.5  # seconds between the hand-over thread's looks when nothing wakes it
+LEASE = 30.0  # a waiter that has not asked again for this long stopped waiting
+HOLDS_KEPT = 32  # recent holds the estimate is the median of
+
+
+@dataclass
+class Arbiter:
+    settings: AgentSettings
+    engine: Engine
+    metrics: OnDemandMetrics
+    targets: Targets
+    handover: HandOver
+    clock: Callable[[], float] = time.monotonic
+    queue: FairQueue = field(init=False)
+    _pods: dict[tuple[str, str], Tracked] = field(default_factory=dict)
+    _holds: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=HOLDS_KEPT)
+    )
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _thread: threading.Thread | None = None
+    _counted_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.queue = FairQueue(
+            self.settings.on_demand_per_caller, self.settings.on_demand_queue_limit
+        )
+        self.metrics.queue_length.set_function(lambda: len(self.queue))
+
+    # -- the calls ----------------------------------------------------------------------
+
+    def acquire(
+        self, namespace: str, pod: str, request: AcquireRequest, caller: str,
+        found: PodInfo | None = None,
+    ) -> AcquireResult:  # fmt: skip
+        """The pod's GPU, attached now or within `waitSeconds`; else its place in line
+        (kept by the pod: asking again, with or without the ticket, is not a new place)."""
+        tracked = self._track(namespace, pod, request.container, caller, found)
+        self._ensure_thread()
+        now = self.clock()
+        deadline = now + request.wait_seconds
+        with self._cond:
+            tracked.busy, tracked.idle_since, tracked.last_asked = True, None, now
+            if tracked.asked_at is None:
+                tracked.asked_at = now
+            while True:
+                if tracked.failure is not None:
+                    failure, tracked.failure = tracked.failure, None
+                    tracked.asked_at = None
+                    raise failure
+                if not tracked.moving:
+                    held = self.handover.held(tracked)
+                    if held:
+                        return self._attached(tracked, held)
+                    if tracked.ticket is None and not self.queue.waiting(tracked.model or None):
+                        break  # nobody of its model waits: it may take a free GPU now
+                    if tracked.ticket is None:
+                        self._join(tracked, now)
+                    self._cond.notify_all()  # the hand-over thread looks now
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    return self._waiting(tracked)
+                self._cond.wait(min(remaining, TICK))
+            tracked.moving = True
+        try:
+            resumed = self.handover.attach(tracked)
+        except NoGpuFree:
+            with self._cond:
+                tracked.moving = False
+                if tracked.ticket is None:
+                    self._join(tracked, now)
+                self._cond.notify_all()
+            return self.acquire(namespace, pod, request.model_copy(update={"ticket": None}),
+                                caller, found)  # fmt: skip
+        except BaseException as exc:
+            with self._cond:
+                tracked.moving, tracked.asked_at = False, None
+                self._cond.notify_all()
+            if isinstance(exc, ApiError | HotmountError):
+                raise self._refusal(exc) from exc
+            raise
+        with self._cond:
+            tracked.moving = False
+            self._cond.notify_all()
+            tracked.resumed = resumed
+            return self._attached(tracked, self.handover.held(tracked))
+
+    def release(
+        self, namespace: str, pod: str, request: ReleaseRequest, caller: str,
+        found: PodInfo | None = None,
+    ) -> ReleaseResult:  # fmt: skip
+        """The cell ended (its GPU suspended after the idle time), or with `leave`, the
+        caller stopped waiting (its place given up now)."""
+        with self._cond:
+            tracked = self._pods.get((namespace, pod))
+            if tracked is None:
+                known = "no on-demand cell of this pod is known here"
+                return ReleaseResult(namespace=namespace, pod=pod, state="unknown", message=known)
+            tracked.busy, tracked.idle_since = False, self.clock()
+            if request.leave and tracked.ticket is not None:
+                self.queue.leave(tracked.ticket)
+                tracked.ticket, tracked.asked_at = None, None
+                self._cond.notify_all()
+                left = "stopped waiting for a GPU; the place is given up"
+                return ReleaseResult(namespace=namespace, pod=pod, state="left", message=left)
+            idle = self._idle_of(tracked)
+            return ReleaseResult(
+                namespace=namespace, pod=pod, state="idle",
+                message=f"the GPU is suspended after {idle:g}s without a cell",
+            )  # fmt: skip
+
+    def queued(self) -> list[QueuedRequest]:
+        """Every place in the node's queue, in arrival order, each with its place among
+        the waiters for its model."""
+        with self._cond:
+            now = self.clock()
+            return [
+                QueuedRequest(
+                    namespace=r.namespace,
+                    pod=r.pod,
+                    model=r.model or None,
+                    position=self.queue.position(r.ticket) or 0,
+                    waited_seconds=round(now - r.since, 1),
+                    priority=r.priority,
+                )
+                for r in self.queue.waiting()
+            ]
+
+    # -- state of one pod ---------------------------------------------------------------
+
+    def _track(
+        self, namespace: str, pod: str, container: str | None, caller: str,
+        found: PodInfo | None,
+    ) -> Tracked:  # fmt: skip
+        info, chosen = self.targets.container(namespace, pod, container, found)
+        try:
+            wants = policy.on_demand_of(info.annotations)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
+        if wants is None:
+            raise BadRequest(
+                f"pod {namespace}/{pod} does not ask for on-demand GPUs: annotate it "
+                f'{policy.ANNOTATION}: "1" (docs/notebooks.md)'
+            )
+        assert chosen.container_id is not None
+        with self._cond:
+            tracked = self._pods.get((namespace, pod))
+            if tracked is None or tracked.container_id != chosen.container_id:
+                tracked = Tracked(info, chosen.name, chosen.container_id, caller, wants,
+                                  wants.model or "", seen_at=self.clock())  # fmt: skip
+                self._pods[(namespace, pod)] = tracked
+            tracked.info, tracked.caller, tracked.wants = info, caller, wants
+            if not tracked.model:
+                tracked.model = self.handover.suspended_model(tracked) or wants.model or ""
+            return tracked
+
+    def _idle_of(self, tracked: Tracked) -> float:
+        return tracked.wants.idle or self.settings.on_demand_idle
+
+    def _join(self, tracked: Tracked, now: float) -> None:
+        namespace, pod = tracked.key
+        try:
+            request = self.queue.join(namespace, pod, tracked.caller, tracked.model, now,
+                                      tracked.wants.priority)  # fmt: skip
+        except QueueRefused as exc:
+            self.metrics.refused.labels("TooManyRequests").inc()
+            tracked.asked_at = None
+            raise TooManyRequests(exc.message, retry_after=int(LEASE)) from exc
+        tracked.ticket = request.ticket
+
+    def _attached(self, tracked: Tracked, held: list[str]) -> AcquireResult:
+        """The answer of a pod with its GPU: what the resume that gave it did, once."""
+        now = self.clock()
+        resumed, tracked.resumed = tracked.resumed, {}
+        if tracked.attached_at is None:
+            tracked.attached_at = now
+        waited = now - tracked.asked_at if tracked.asked_at is not None else 0.0
+        if tracked.asked_at is not None:
+            self.metrics.wait.observe(waited)
+        tracked.asked_at = None
+        namespace, pod = tracked.key
+        return AcquireResult(
+            namespace=namespace, pod=pod, container=tracked.container, state="attached",
+            devices=held, resumed=resumed, waited_seconds=round(waited, 3),
+            message=f"GPU {', '.join(held)} attached",
+        )  # fmt: skip
+
+    def _waiting(self, tracked: Tracked) -> AcquireResult:
+        namespace, pod = tracked.key
+        place = self.queue.position(tracked.ticket) if tracked.ticket else None
+        waited = self.clock() - (tracked.asked_at or self.clock())
+        if place is None:  # being resumed or suspended right now
+            return AcquireResult(
+                namespace=namespace, pod=pod, container=tracked.container, state="waiting",
+                waited_seconds=round(waited, 1), message="waiting for a GPU: being handed over",
+            )  # fmt: skip
+        guess = estimate(place, self.handover.gpu_count(), list(self._holds))
+        about = f", about {guess:.0f}s" if guess is not None else ""
+        return AcquireResult(
+            namespace=namespace, pod=pod, container=tracked.container, state="waiting",
+            ticket=tracked.ticket, position=place, estimate_seconds=guess,
+            waited_seconds=round(waited, 1),
+            message=f"waiting for a GPU: {ordinal(place)} in line{about}",
+        )  # fmt: skip
+
+    # -- handing GPUs over -------------------------------------------------------------
+
+    def _suspend(self, tracked: Tracked, why: str) -> bool:
+        """Suspend the pod's GPUs (its processes kept); whether it was done. The caller set
+        `moving`; a refusal leaves the GPU attached and the pod's idle clock restarted."""
+        namespace, pod = tracked.key
+        try:
+            self.handover.suspend(tracked, why)
+        except (ApiError, HotmountError) as exc:
+            log.warning("on-demand suspend of %s/%s (%s) refused: %s", namespace, pod, why, exc)
+            with self._cond:
+                tracked.idle_since = self.clock()
+            return False
+        with self._cond:
+            if tracked.attached_at is not None:
+                self._holds.append(self.clock() - tracked.attached_at)
+            tracked.attached_at = None
+        return True
+
+    def _ensure_thread(self) -> None:
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="on-demand", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait(TICK)
+            try:
+                self.step()
+            except Exception:
+                log.exception("on-demand hand-over pass failed; the next one tries again")
+
+    def step(self) -> None:
+        """One hand-over pass (the thread's; callable on its own)."""
+        now = self.clock()
+        self._count(now)
+        self._drop_abandoned(now)
+        while self._serve_one(now):
+            now = self.clock()
+        for tracked in self._due(now):
+            try:
+                self._suspend(tracked, "idle")
+            finally:
+                with self._cond:
+                    tracked.moving = False
+                    self._cond.notify_all()
+
+    def _serve_one(self, now: float) -> bool:
+        """Give the head of each model's order a GPU (suspending an idle one for it if
+        need be); whether anything changed (then the pass looks again)."""
+        with self._cond:
+            heads = [
+                (head, tracked)
+                for model in sorted({r.model for r in self.queue.waiting()})
+                if (head := self.queue.next_for(model)) is not None
+                and (tracked := self._pods.get((head.namespace, head.pod))) is not None
+            ]
+        return any(self._serve(head, tracked, now) for head, tracked in heads)
+
+    def _serve(self, head: Request, tracked: Tracked, now: float) -> bool:
+        with self._cond:
+            if tracked.moving or tracked.ticket != head.ticket:
+                return False
+            tracked.moving = True
+        try:
+            try:
+                resumed = self.handover.attach(tracked)
+            except NoGpuFree:
+                return self._suspend_for(tracked, now)
+            except (ApiError, HotmountError) as exc:
+                self._fail(tracked, head.ticket, exc)
+                return True
+            with self._cond:
+                self.queue.serve(head.ticket)
+                tracked.ticket, tracked.resumed = None, resumed
+            log.info("on-demand: %s/%s served (%s)", *tracked.key, resumed or "first GPU")
+            return True
+        finally:
+            with self._cond:
+                tracked.moving = False
+                self._cond.notify_all()
+
+    def _suspend_for(self, waiter: Tracked, now: float) -> bool:
+        """Suspend the on-demand GPU idle longest past the minimum hold, of the waiter's
+        model (any, for a waiter of any model), so that the waiter gets it."""
+        with self._cond:
+            holdings = [
+                Holding(
+                    t.info.namespace,
+                    t.info.name,
+                    t.model,
+                    t.attached_at,
+                    None if t.busy else (t.idle_since or t.attached_at),
+                )
+                for t in self._pods.values()
+                if t.attached_at is not None and not t.moving and t is not waiter
+            ]
+            models = [waiter.model] if waiter.model else sorted({h.model for h in holdings})
+            for model in models:
+                hold = self.settings.on_demand_min_hold
+                victim = choose_victim(holdings, model, now, hold)
+                if victim is not None:
+                    break
+            else:
+                return False
+            chosen = self._pods[(victim.namespace, victim.pod)]
+            chosen.moving = True
+        try:
+            return self._suspend(chosen, "waiter")
+        finally:
+            with self._cond:
+                chosen.moving = False
+                self._cond.notify_all()
+
+    def _fail(self, tracked: Tracked, ticket: int, exc: ApiError | HotmountError) -> None:
+        """A waiter's GPU refused (its quota full): it leaves the queue and its next ask
+        is told why, as a quota refusal (nvcli's exit 7) where the quota said no."""
+        refusal = self._refusal(exc, "while waiting for a GPU: ")
+        with self._cond:
+            self.queue.leave(ticket)
+            tracked.ticket, tracked.failure = None, refusal
+
+    def _refusal(
+        self, exc: ApiError | HotmountError, context: str = ""
+    ) -> ApiError | HotmountError:
+        """The refusal the caller gets, counted: a pin the namespace's quota refused is a
+        quota refusal (nvcli's exit 7, a clear line in the notebook)."""
+        if isinstance(exc, PinRefused) and isinstance(exc.__cause__, QuotaExceeded):
+            exc = QuotaExceeded(f"{context}{exc.message}")
+        self.metrics.refused.labels(getattr(exc, "reason", type(exc).__name__)).inc()
+        return exc
+
+    def _drop_abandoned(self, now: float) -> None:
+        """Waiters that stopped asking leave the queue; pods whose container is gone (and
+        that stopped asking) are forgotten."""
+        with self._cond:
+            for key, tracked in list(self._pods.items()):
+                if now - tracked.last_asked <= LEASE or tracked.moving:
+                    continue
+                if tracked.ticket is not None:
+                    self.queue.leave(tracked.ticket)
+                    tracked.ticket, tracked.asked_at, tracked.busy = None, None, False
+                    self.metrics.refused.labels("Abandoned").inc()
+                elif self.engine.mounts.record(tracked.container_id) is None:
+                    del self._pods[key]
+
+    def _due(self, now: float) -> list[Tracked]:
+        """Attached pods idle past their time, marked `moving` for the suspend."""
+        with self._cond:
+            due = [
+                t for t in self._pods.values()
+                if t.attached_at is not None and not t.busy and not t.moving
+                and t.idle_since is not None and now - t.idle_since >= self._idle_of(t)
+            ]  # fmt: skip
+            for tracked in due:
+                tracked.moving = True
+            return due
+
+    def _count(self, now: float) -> None:
+        """GPU-seconds attached, against those the pods would hold with dedicated GPUs."""
+        with self._cond:
+            since, self._counted_at = self._counted_at, now
+            if since is None:
+                return
+            span = now - since
+            for tracked in self._pods.values():
+                self.metrics.dedicated_seconds.inc(span * tracked.wants.count)
+                if tracked.attached_at is not None:
+                    self.metrics.gpu_seconds.inc(span * tracked.wants.count)

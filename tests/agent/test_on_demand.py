@@ -1,0 +1,121 @@
+"""On-demand GPUs over HTTP (issue 42): three notebook pods on two GPUs, a real agent with
+the stand-in driver (tests/support/cuda_standin.py), real runc containers, the fake
+cluster. A cell acquires, the queue orders the waiters, an idle GPU is suspended for a
+waiter and never a busy one, the suspended pod resumes onto whichever GPU is free with its
+CUDA memory intact, and giving up a place leaves nothing behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.agent.conftest import ALICE, METRICS
+from tests.support.cuda_standin import A, B, nvml_config, start_cuda, status
+from tests.support.suspend_world import World, standin_fixture, world_fixture  # noqa: F401 (fixtures)
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.kernel
+PODS = "/v1/namespaces/default/pods"
+ON_DEMAND = {"hotmount.io/gpu-on-demand": "1", "hotmount.io/gpu-on-demand-idle": "1h"}
+
+
+def acquire(api: httpx.Client, pod: str, wait: float = 0.0) -> dict[str, Any]:
+    answer = api.post(f"{PODS}/{pod}/acquire", json={"waitSeconds": wait}, timeout=wait + 30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def release(api: httpx.Client, pod: str, leave: bool = False) -> dict[str, Any]:
+    answer = api.post(f"{PODS}/{pod}/release", json={"leave": leave})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def metric(world: World, line: str) -> bool:
+    with world.agent.client(METRICS) as scraper:
+        return line in scraper.get("/metrics").text
+
+
+def test_three_notebooks_share_two_gpus_on_demand(world: World) -> None:
+    first = world.cluster.pod("nb1", annotations=ON_DEMAND)
+    for name in ("nb2", "nb3"):
+        world.cluster.pod(name, annotations=ON_DEMAND)
+    with world.agent.client(ALICE) as api:
+        got = acquire(api, "nb1")
+        assert (got["state"], got["devices"]) == ("attached", [A]), got
+        proc, pid = start_cuda(first)
+        world.processes.append(proc)
+        nvml_config(world.nvml_config, [pid])
+        assert release(api, "nb1")["state"] == "idle"  # its cell ended: idle, not taken yet
+
+        assert acquire(api, "nb2")["devices"] == [B]  # a cell runs in nb2 from here on
+        waiting = acquire(api, "nb3")
+        assert waiting["state"] == "waiting" and waiting["position"] == 1, waiting
+        assert waiting["message"].startswith("waiting for a GPU: 1st in line"), waiting
+
+        # nb1 idle (held past the minimum hold, 0 here), nb2 busy: nb1's GPU goes to nb3
+        served = acquire(api, "nb3", wait=15)
+        assert (served["state"], served["devices"]) == ("attached", [A]), served
+        assert status(first) == "checkpointed - pattern=ok"
+        assert metric(world, 'hotmount_ondemand_suspends_total{why="waiter"} 1.0')
+
+        # nb1's next cell waits: nb2 and nb3 run cells, and a busy GPU is never taken
+        queued = acquire(api, "nb1", wait=2)
+        assert queued["state"] == "waiting" and queued["position"] == 1, queued
+        assert acquire(api, "nb2")["devices"] == [B] and acquire(api, "nb3")["devices"] == [A]
+        listed = api.get("/v1/devices").json()
+        assert [(q["pod"], q["position"]) for q in listed["queue"]] == [("nb1", 1)], listed
+        assert metric(world, "hotmount_ondemand_queue_length 1.0")
+
+        # nb2's cell ends: its GPU goes to nb1, whose CUDA memory comes back on GPU B
+        release(api, "nb2")
+        back = acquire(api, "nb1", wait=15)
+        assert (back["state"], back["resumed"]) == ("attached", {A: B}), back
+        assert status(first) == "running /dev/nvidia1 pattern=ok"
+        assert acquire(api, "nb3")["devices"] == [A]  # still nb3's: busy all along
+
+        # Ctrl-C while waiting: the place is given up, nothing is left queued
+        assert acquire(api, "nb2")["state"] == "waiting"
+        assert release(api, "nb2", leave=True)["state"] == "left"
+        assert api.get("/v1/devices").json()["queue"] == []
+    assert metric(world, "hotmount_ondemand_queue_length 0.0")
+    assert metric(world, 'hotmount_ondemand_attaches_total{how="resume"} 1.0')
+    assert metric(world, 'hotmount_ondemand_attaches_total{how="first"} 3.0')
+
+
+def test_an_idle_gpu_is_suspended_after_the_pods_idle_time_without_a_warning(
+    world: World,
+) -> None:
+    container = world.cluster.pod(
+        "nb", annotations={**ON_DEMAND, "hotmount.io/gpu-on-demand-idle": "1s"}
+    )
+    with world.agent.client(ALICE) as api:
+        assert acquire(api, "nb")["devices"] == [A]
+        proc, pid = start_cuda(container)
+        world.processes.append(proc)
+        nvml_config(world.nvml_config, [pid])
+        release(api, "nb")
+        wait_for(lambda: world.cluster.events("GPUSuspended"), "the idle suspend", timeout=20)
+        assert status(container) == "checkpointed - pattern=ok"
+        again = acquire(api, "nb", wait=10)
+        assert again["state"] == "attached" and again["resumed"] == {A: A}, again
+    assert status(container) == "running /dev/nvidia0 pattern=ok"
+    assert not world.cluster.events("GPUIdleSoon")  # no warning first: the next cell resumes
+
+
+def test_a_pod_that_does_not_ask_is_refused_and_nothing_changes(world: World) -> None:
+    world.cluster.pod("plain")
+    world.cluster.pod("typo", annotations={"hotmount.io/gpu-on-demand": "count=two"})
+    with world.agent.client(ALICE) as api:
+        plain = api.post(f"{PODS}/plain/acquire", json={})
+        assert plain.status_code == 400, plain.text
+        assert "hotmount.io/gpu-on-demand" in plain.json()["message"]
+        typo = api.post(f"{PODS}/typo/acquire", json={})
+        assert typo.status_code == 400 and "'two' is not a whole number" in typo.text, typo.text
+        assert api.post(f"{PODS}/plain/acquire", json={"waitSeconds": 21}).status_code == 422
+        for pod in ("plain", "typo"):
+            listed = api.get(f"{PODS}/{pod}/devices").json()["containers"]
+            assert all(not c["devices"] for c in listed), listed
+        assert api.get("/v1/devices").json()["queue"] == []
