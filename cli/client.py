@@ -82,6 +82,7 @@ from hotmount.wire.errors import (
 if TYPE_CHECKING:  # at run time imported on first use: `nvcli status` needs no pydantic
     from pydantic import ValidationError
 
+    from hotmount.wire.ondemand import AcquireResult, ReleaseResult
     from hotmount.wire.schemas import (
         DeviceList,
         MountRequest,
@@ -316,6 +317,29 @@ class HotmountClient:
         its own call runs; `running` is false when none does."""
         return self.transport.progress(namespace, pod, op, container)
 
+    def acquire(
+        self, namespace: str, pod: str, container: str | None = None, wait: float | None = None
+    ) -> AcquireResult:
+        """An on-demand pod's GPU (docs/notebooks.md): attached within `wait` seconds (at
+        most the agent's cap, 20; None: the agent's default), or its place in the node's
+        queue (`state: waiting`). Asking again keeps the pod's place."""
+        from hotmount.wire.ondemand import AcquireRequest
+
+        request = _made(AcquireRequest, {"container": container, "wait_seconds": wait})
+        result: AcquireResult = self.transport.on_demand(namespace, pod, "acquire", request)
+        return result
+
+    def release(
+        self, namespace: str, pod: str, container: str | None = None, leave: bool = False
+    ) -> ReleaseResult:
+        """The pod's cell ended (its GPU suspended after its idle time); `leave`: stop
+        waiting for one, the place given up."""
+        from hotmount.wire.ondemand import ReleaseRequest
+
+        request = _made(ReleaseRequest, {"container": container, "leave": leave or None})
+        result: ReleaseResult = self.transport.on_demand(namespace, pod, "release", request)
+        return result
+
     # -- standalone agents
     def _standalone(self) -> AgentTransport:
         if not isinstance(self.transport, AgentTransport):
@@ -375,12 +399,16 @@ def _mount_request(
 
 
 def _request(model: str, given: dict[str, Any]) -> Any:
-    """The wire model `model` of what the caller gave (None: not given, not sent), or
-    InvalidRequest before any call."""
+    """The wire model named `model` of what the caller gave (None: not given, not sent),
+    or InvalidRequest before any call."""
+    return _made(getattr(schemas(), model), given)
+
+
+def _made(model: Any, given: dict[str, Any]) -> Any:
     from pydantic import ValidationError
 
     try:
-        return getattr(schemas(), model)(**{k: v for k, v in given.items() if v is not None})
+        return model(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
         raise InvalidRequest(make_status(400, _problems(exc), "BadRequest")) from exc
 

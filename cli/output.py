@@ -179,7 +179,21 @@ def devices_table(listings: list[DeviceList]) -> str:
         "BOOKS",
         "HELD BY",
     ]
-    return columns(headers, rows)
+    return columns(headers, rows) + queue_table(listings)
+
+
+def queue_table(listings: list[DeviceList]) -> str:
+    """The on-demand pods waiting for a GPU, below the devices (nothing when none waits)."""
+    rows = [
+        [listing.node, q.position, f"{q.namespace}/{q.pod}", q.model or "any",
+         f"{q.waited_seconds:.0f}s", q.priority]
+        for listing in listings
+        for q in listing.queue
+    ]  # fmt: skip
+    if not rows:
+        return ""
+    headers = ["NODE", "PLACE", "WAITING POD", "MODEL", "WAITED", "PRIORITY"]
+    return "\n\nWaiting for a GPU (on demand):\n" + columns(headers, rows)
 
 
 def kind_text(device: DeviceInfo) -> str:

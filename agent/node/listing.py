@@ -158,12 +158,15 @@ class Listing:
                         ],
                     )
                 )
+        places = {(q.namespace, q.pod): q.position for q in self.queued()}
+        place = places.get((namespace, pod))
         return PodDevices(
             namespace=namespace,
             pod=pod,
             node=self.settings.node_name,
             pod_uid=info.uid,
             containers=containers,
+            queued=place,
         )
 
     def _suspended_device(self, entry: SuspendedGpu) -> MountedDevice:
@@ -176,8 +179,10 @@ class Listing:
 
     def _pods_in_ledger(self) -> set[tuple[str, str]]:
         """(namespace, pod) of every mount in the ledger, a suspended one too: a pod whose
-        GPUs are all suspended has no device mounted, and is still listed (as suspended)."""
-        return {
+        GPUs are all suspended has no device mounted, and is still listed (as suspended);
+        and every pod in the on-demand queue."""
+        waiting = {(q.namespace, q.pod) for q in self.queued()}  # on demand, none held yet
+        return waiting | {
             (meta["namespace"], meta["pod"])
             for r in self.engine.mounts.records()
             for meta in (

@@ -114,35 +114,54 @@ class Arbiter:
             tracked.busy, tracked.idle_since, tracked.last_asked = True, None, now
             if tracked.asked_at is None:
                 tracked.asked_at = now
-            while True:
-                if tracked.failure is not None:
-                    failure, tracked.failure = tracked.failure, None
-                    tracked.asked_at = None
-                    raise failure
-                if not tracked.moving:
-                    held = self.handover.held(tracked)
-                    if held:
-                        return self._attached(tracked, held)
-                    if tracked.ticket is None and not self.queue.waiting(tracked.model or None):
-                        break  # nobody of its model waits: it may take a free GPU now
-                    if tracked.ticket is None:
-                        self._join(tracked, now)
-                    self._cond.notify_all()  # the hand-over thread looks now
-                remaining = deadline - self.clock()
-                if remaining <= 0:
-                    return self._waiting(tracked)
-                self._cond.wait(min(remaining, TICK))
-            tracked.moving = True
+            leaves = tracked.leaves
+        while True:
+            with self._cond:
+                answer = self._look(tracked, leaves, deadline)
+            if answer is not None:
+                return answer
+            if self._take_free(tracked):
+                with self._cond:
+                    return self._attached(tracked, self.handover.held(tracked))
+
+    def _look(self, tracked: Tracked, leaves: int, deadline: float) -> AcquireResult | None:
+        """Under the lock, until `deadline`: the answer, or None when the pod may take a
+        free GPU now (nobody of its model waits; then it is `moving`). A place given up
+        meanwhile (Ctrl-C while this call waited) ends the call: it never queues again."""
+        while True:
+            if tracked.failure is not None:
+                failure, tracked.failure = tracked.failure, None
+                tracked.asked_at = None
+                raise failure
+            if tracked.leaves != leaves:
+                return self._waiting(tracked, "stopped waiting: the place was given up")
+            if not tracked.moving:
+                held = self.handover.held(tracked)
+                if held:
+                    return self._attached(tracked, held)
+                if tracked.ticket is None and not self.queue.waiting(tracked.model or None):
+                    tracked.moving = True
+                    return None
+                if tracked.ticket is None:
+                    self._join(tracked, self.clock())
+                self._cond.notify_all()  # the hand-over thread looks now
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return self._waiting(tracked)
+            self._cond.wait(min(remaining, TICK))
+
+    def _take_free(self, tracked: Tracked) -> bool:
+        """Attach a free GPU to the `moving` pod; False when none is free (it joined the
+        queue). A refusal (its quota full) is the caller's answer."""
         try:
             resumed = self.handover.attach(tracked)
         except NoGpuFree:
             with self._cond:
                 tracked.moving = False
                 if tracked.ticket is None:
-                    self._join(tracked, now)
+                    self._join(tracked, self.clock())
                 self._cond.notify_all()
-            return self.acquire(namespace, pod, request.model_copy(update={"ticket": None}),
-                                caller, found)  # fmt: skip
+            return False
         except BaseException as exc:
             with self._cond:
                 tracked.moving, tracked.asked_at = False, None
@@ -151,10 +170,9 @@ class Arbiter:
                 raise self._refusal(exc) from exc
             raise
         with self._cond:
-            tracked.moving = False
+            tracked.moving, tracked.resumed = False, resumed
             self._cond.notify_all()
-            tracked.resumed = resumed
-            return self._attached(tracked, self.handover.held(tracked))
+        return True
 
     def release(
         self, namespace: str, pod: str, request: ReleaseRequest, caller: str,
@@ -171,6 +189,7 @@ class Arbiter:
             if request.leave and tracked.ticket is not None:
                 self.queue.leave(tracked.ticket)
                 tracked.ticket, tracked.asked_at = None, None
+                tracked.leaves += 1
                 self._cond.notify_all()
                 left = "stopped waiting for a GPU; the place is given up"
                 return ReleaseResult(namespace=namespace, pod=pod, state="left", message=left)
@@ -256,14 +275,15 @@ class Arbiter:
             message=f"GPU {', '.join(held)} attached",
         )  # fmt: skip
 
-    def _waiting(self, tracked: Tracked) -> AcquireResult:
+    def _waiting(self, tracked: Tracked, why: str | None = None) -> AcquireResult:
         namespace, pod = tracked.key
         place = self.queue.position(tracked.ticket) if tracked.ticket else None
         waited = self.clock() - (tracked.asked_at or self.clock())
-        if place is None:  # being resumed or suspended right now
+        if place is None:  # being resumed or suspended right now, or given up
             return AcquireResult(
                 namespace=namespace, pod=pod, container=tracked.container, state="waiting",
-                waited_seconds=round(waited, 1), message="waiting for a GPU: being handed over",
+                waited_seconds=round(waited, 1),
+                message=why or "waiting for a GPU: being handed over",
             )  # fmt: skip
         guess = estimate(place, self.handover.gpu_count(), list(self._holds))
         about = f", about {guess:.0f}s" if guess is not None else ""
@@ -418,6 +438,7 @@ class Arbiter:
                 if tracked.ticket is not None:
                     self.queue.leave(tracked.ticket)
                     tracked.ticket, tracked.asked_at, tracked.busy = None, None, False
+                    tracked.leaves += 1
                     self.metrics.refused.labels("Abandoned").inc()
                 elif self.engine.mounts.record(tracked.container_id) is None:
                     del self._pods[key]

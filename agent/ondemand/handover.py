@@ -37,6 +37,7 @@ class Tracked:
     asked_at: float | None = None  # when the waiting cell first asked
     last_asked: float = 0.0
     moving: bool = False  # a resume or suspend of it runs
+    leaves: int = 0  # places given up: a call that waited across one ends
     failure: ApiError | HotmountError | None = None  # a waiter's refusal, told at its next ask
     seen_at: float = 0.0
     resumed: dict[str, str] = field(default_factory=dict)  # what the hand-over did for it

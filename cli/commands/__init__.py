@@ -23,6 +23,8 @@ COMMANDS = {
     "move": ("cli.commands.move", "move"),
     "suspend": ("cli.commands.suspend", "suspend"),
     "resume": ("cli.commands.suspend", "resume"),
+    "acquire": ("cli.commands.ondemand", "acquire"),
+    "release": ("cli.commands.ondemand", "release"),
     "version": ("cli.commands.version", "version"),
     "completion": ("cli.commands.completion", "completion"),
 }

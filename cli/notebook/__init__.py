@@ -15,7 +15,9 @@ After each cell the extension asks the agent (2s at most, silent on error) wheth
 of this pod was warned before an idle reclaim, and prints it once per warning:
 `%gpu: GPU 0 will be reclaimed in 4m unless used`. Before each cell, a suspended GPU of
 this pod (`%gpu suspend`, or the idle policy `suspend`) is resumed first
-(cli/notebook/suspend.py).
+(cli/notebook/suspend.py). With GPU_HOTMOUNT_ON_DEMAND=1 (a pod annotated
+hotmount.io/gpu-on-demand) the pod holds a GPU only while its cells run: each cell asks
+for it first, waiting in line when none is free (cli/notebook/ondemand.py).
 
 The same as Python calls, for platforms: `attach()`, `detach()`, `status()`,
 `list_gpus()` return the agent's models; `run(line)` returns the magic's message.
@@ -45,7 +47,8 @@ names platforms and docs import; each part lives apart: cli/notebook/config.py (
 pod's configuration), cli/notebook/calls.py (the calls, the CUDA check),
 cli/notebook/messages.py (what the user reads), cli/notebook/magic.py (parsing and
 running a `%gpu` line), cli/notebook/warnings.py (the warning after a cell),
-cli/notebook/suspend.py (suspend, resume, the resume before a cell).
+cli/notebook/suspend.py (suspend, resume, the resume before a cell),
+cli/notebook/ondemand.py (a GPU only while cells run).
 """
 
 from __future__ import annotations
@@ -121,9 +124,24 @@ def load_ipython_extension(ipython: Any) -> None:
         _unregister(ipython, _warnings)
     _warnings = ReclaimWarnings()
     ipython.events.register("post_run_cell", _warnings)
-    global _resumes
+    global _resumes, _on_demand
     if _resumes is not None:
         _unregister(ipython, _resumes, "pre_run_cell")
+        _resumes = None
+    if _on_demand is not None:
+        _unregister(ipython, _on_demand.before, "pre_run_cell")
+        _unregister(ipython, _on_demand.after)
+        _on_demand = None
+    from cli.notebook import ondemand
+
+    if ondemand.enabled():  # the acquire before each cell resumes a suspended GPU too
+        _on_demand = ondemand.OnDemandCells(
+            config_of=Config.from_env,
+            explain=lambda exc, config: error_message(exc, config, "acquire"),
+        )
+        ipython.events.register("pre_run_cell", _on_demand.before)
+        ipython.events.register("post_run_cell", _on_demand.after)
+        return
     from cli.notebook.suspend import AutoResume
 
     watch = _warnings
@@ -136,13 +154,17 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    global _warnings, _resumes
+    global _warnings, _resumes, _on_demand
     if _warnings is not None:
         _unregister(ipython, _warnings)
         _warnings = None
     if _resumes is not None:
         _unregister(ipython, _resumes, "pre_run_cell")
         _resumes = None
+    if _on_demand is not None:
+        _unregister(ipython, _on_demand.before, "pre_run_cell")
+        _unregister(ipython, _on_demand.after)
+        _on_demand = None
 
 
 def _unregister(ipython: Any, hook: Any, event: str = "post_run_cell") -> None:
@@ -154,3 +176,4 @@ def _unregister(ipython: Any, hook: Any, event: str = "post_run_cell") -> None:
 
 _warnings: ReclaimWarnings | None = None
 _resumes: Any = None  # the AutoResume registered, if any
+_on_demand: Any = None  # the OnDemandCells registered, if any (GPU_HOTMOUNT_ON_DEMAND)

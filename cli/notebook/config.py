@@ -86,11 +86,14 @@ class Config:
             )
         return token
 
-    def client(self) -> HotmountClient:
+    def client(self, timeout: float | None = None) -> HotmountClient:
+        """A client of the agent as this pod; `timeout`: each call's bound (the client's
+        default when None)."""
         from cli.client import HotmountClient
 
         verify: str | bool = str(self.ca_file) if self.ca_file else True
-        return HotmountClient.for_agent(self.agent, self.token(), verify=verify)
+        bound = {"timeout": timeout} if timeout is not None else {}
+        return HotmountClient.for_agent(self.agent, self.token(), verify=verify, **bound)
 
 
 def _read(path: Path) -> str:

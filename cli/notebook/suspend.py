@@ -34,13 +34,6 @@ RESUME_TIMEOUT = 300.0  # seconds: a restore moves GPU memory back, seconds per 
 Say = Callable[[str], None]  # where the progress lines go
 
 
-def _client(config: Config, timeout: float) -> Any:
-    from cli.client import HotmountClient
-
-    verify: str | bool = str(config.ca_file) if config.ca_file else True
-    return HotmountClient.for_agent(config.agent, config.token(), verify=verify, timeout=timeout)
-
-
 def _progress(config: Config, op: Op, say: Say | None) -> AbstractContextManager[object]:
     """The progress lines to `say` while the POST runs, polled on a client of its own."""
     if say is None:
@@ -49,7 +42,7 @@ def _progress(config: Config, op: Op, say: Say | None) -> AbstractContextManager
     from cli.progress import Polling
 
     stack = ExitStack()
-    client = stack.enter_context(_client(config, 2.0))
+    client = stack.enter_context(config.client(2.0))
 
     def look() -> Any:
         return to_data(client.progress(config.namespace, config.pod, op, config.container))
@@ -61,13 +54,13 @@ def _progress(config: Config, op: Op, say: Say | None) -> AbstractContextManager
 def suspend(config: Config, say: Say | None = None) -> SuspendResult:
     """Take this pod's hot-mounted GPUs away, its CUDA processes and their memory kept;
     `say`: where each progress line goes while it runs (none: not polled)."""
-    with _client(config, RESUME_TIMEOUT) as client, _progress(config, "suspend", say):
+    with config.client(RESUME_TIMEOUT) as client, _progress(config, "suspend", say):
         return client.suspend(config.namespace, config.pod, config.container)
 
 
 def resume(config: Config, timeout: float | None = None, say: Say | None = None) -> ResumeResult:
     """Give this pod a GPU of the same model back, its processes restored onto it."""
-    with _client(config, timeout or RESUME_TIMEOUT) as client, _progress(config, "resume", say):
+    with config.client(timeout or RESUME_TIMEOUT) as client, _progress(config, "resume", say):
         return client.resume(config.namespace, config.pod, config.container)
 
 

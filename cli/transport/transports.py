@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # at run time imported on first use: `nvcli status` needs no 
     )
 
 Op = Literal["suspend", "resume"]
+OnDemandOp = Literal["acquire", "release"]
 
 API_GROUP = "hotmount.io"
 API_VERSION = "v1alpha1"
@@ -114,6 +115,8 @@ class Transport(Protocol):
         self, namespace: str, pod: str, op: Op, container: str | None
     ) -> OperationProgress: ...
 
+    def on_demand(self, namespace: str, pod: str, op: OnDemandOp, request: BaseModel) -> Any: ...
+
 
 class _Base:
     def __init__(self, http: HttpClient, description: str) -> None:
@@ -156,12 +159,14 @@ class _Base:
             listing.node = name
         return listing
 
-    def _parse(self, model: str, data: Any, what: str) -> Any:
-        """`data` as the agent model named `model` (hotmount.wire.schemas, imported here)."""
+    def _parse(self, model: str | type[BaseModel], data: Any, what: str) -> Any:
+        """`data` as the agent model `model`, or named `model` (hotmount.wire.schemas,
+        imported here)."""
         from pydantic import ValidationError
 
+        cls = getattr(schemas(), model) if isinstance(model, str) else model
         try:
-            return getattr(schemas(), model).model_validate(data)
+            return cls.model_validate(data)
         except ValidationError as exc:
             raise HotmountClientError(
                 make_status(
@@ -305,6 +310,12 @@ class AgentTransport(_Base):
         data = self._call("GET", _pod_path(namespace, pod, op), params=_container(container))
         return self._parse("OperationProgress", data, "OperationProgress")
 
+    def on_demand(self, namespace: str, pod: str, op: OnDemandOp, request: BaseModel) -> Any:
+        """POST .../acquire or .../release: an AcquireResult or ReleaseResult."""
+        body = dump(request, exclude_unset=True)
+        data = self._call("POST", _pod_path(namespace, pod, op), body=body)
+        return self._parse(_on_demand_result(op), data, f"{op} result")
+
     # standalone agents (`--no-kubernetes`): containers by ID
     def mount_container(self, container_id: str, request: MountRequest) -> MountResult:
         data = self._call(
@@ -433,6 +444,18 @@ class AggregatedTransport(_Base):
         path = f"{_gpumount(namespace, pod)}/{op}"
         data = self._call("GET", path, params=_container(container))
         return self._parse("OperationProgress", _status_of(data), f"GPUMount {op} status")
+
+    def on_demand(self, namespace: str, pod: str, op: OnDemandOp, request: BaseModel) -> Any:
+        """GPUMount's subresource `acquire` or `release`: the result in the status."""
+        body = dump(request, exclude_unset=True)
+        data = self._call("POST", f"{_gpumount(namespace, pod)}/{op}", body=body)
+        return self._parse(_on_demand_result(op), _status_of(data), f"GPUMount {op} status")
+
+
+def _on_demand_result(op: OnDemandOp) -> type[BaseModel]:
+    from hotmount.wire import ondemand
+
+    return ondemand.AcquireResult if op == "acquire" else ondemand.ReleaseResult
 
 
 def _pod_path(namespace: str, pod: str, verb: str) -> str:

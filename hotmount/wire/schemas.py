@@ -476,6 +476,7 @@ class PodDevices(Model):
     node: str | None = None  # the node whose agent answered
     pod_uid: str | None = None
     containers: list[ContainerDevices]
+    queued: int | None = None  # on demand: its place in the node's queue for a GPU
 
 
 class PodRef(Request):

@@ -123,6 +123,7 @@ GPUMOUNT_COLUMNS = [
     _column("Devices", "Device keys, as the agent names them.", priority=1),
     _column("Paths", "Device nodes created in the containers.", priority=1),
     _column("State", "mounted, or suspended: the GPU given back, its processes kept.", priority=1),
+    _column("Queue", "On demand: the pod's place in the node's queue for a GPU."),
 ]
 
 NODEDEVICES_COLUMNS = [
@@ -191,6 +192,7 @@ def gpumount_cells(obj: Mapping[str, Any], now: datetime) -> list[Any]:
         _joined(d["key"] for _, d in devices),
         _joined(p for _, d in devices for p in d.get("paths") or []),
         _joined(d.get("state") or "mounted" for _, d in devices),
+        f"{status['queued']} in line" if status.get("queued") else "",
     ]
 
 
