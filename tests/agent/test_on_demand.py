@@ -6,13 +6,27 @@ CUDA memory intact, and giving up a place leaves nothing behind."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.agent.conftest import ALICE, METRICS
-from tests.support.cuda_standin import A, B, nvml_config, start_cuda, status
+from tests.agent.test_accounting import pins_of
+from tests.support.cuda_standin import (
+    UUID_A,
+    UUID_B,
+    A,
+    B,
+    StandIn,
+    nvml_config,
+    start_cuda,
+    status,
+)
 from tests.support.suspend_world import World, standin_fixture, world_fixture  # noqa: F401 (fixtures)
 from tests.support.waiting import wait_for
 
@@ -119,3 +133,43 @@ def test_a_pod_that_does_not_ask_is_refused_and_nothing_changes(world: World) ->
             listed = api.get(f"{PODS}/{pod}/devices").json()["containers"]
             assert all(not c["devices"] for c in listed), listed
         assert api.get("/v1/devices").json()["queue"] == []
+
+
+@pytest.fixture(name="plugin_world")
+def plugin_world_fixture(tmp_path: Path, standin: StandIn) -> Iterator[World]:
+    """node-a's device plugin offers both stand-in GPUs: every on-demand GPU is pinned."""
+    made = World(tmp_path, standin, gpus=[UUID_A, UUID_B], args=("--holder-orphan-grace", "0"))
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_the_pin_and_the_quota_follow_the_gpu(plugin_world: World) -> None:
+    """An attached GPU is pinned (and charged to the quota); a suspended one is not, so
+    an ordinary pod gets it; the quota full while a cell asks is a quota refusal (exit 7
+    in nvcli) with nothing changed."""
+    world = plugin_world
+    quick = {**ON_DEMAND, "hotmount.io/gpu-on-demand-idle": "1s"}
+    world.cluster.pod("nb1", annotations=quick)
+    world.cluster.pod("nb2", annotations=ON_DEMAND)
+    world.cluster.kube.set_gpu_quota("default", "one-gpu", 1)
+    with world.agent.client(ALICE) as api:
+        assert acquire(api, "nb1")["devices"] == [A]
+        assert len(pins_of(world.cluster, "nb1")) == 1
+        refused = api.post(f"{PODS}/nb2/acquire", json={"waitSeconds": 0})
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["reason"] == "QuotaExceeded"
+        assert "one-gpu" in refused.json()["message"], refused.text
+        assert pins_of(world.cluster, "nb2") == [] and api.get("/v1/devices").json()["queue"] == []
+        nvcli = Path(sys.executable).parent / "nvcli"
+        argv = [str(nvcli), "acquire", "--name", "nb2", "-n", "default"]
+        done = subprocess.run([*argv, "--agent", world.agent.url, "--token", ALICE],
+                              check=False, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 7 and "one-gpu" in done.stderr, done.stderr
+
+        release(api, "nb1")  # idle 1s: suspended, its pin deleted, GPU A free for anyone
+        wait_for(lambda: not pins_of(world.cluster, "nb1"), "the pin deleted at suspend")
+        assert sorted(world.cluster.kube.free_devices("node-a")) == sorted([UUID_A, UUID_B])
+        assert acquire(api, "nb2")["state"] == "attached"  # the quota's one GPU, now free
+        assert len(pins_of(world.cluster, "nb2")) == 1
