@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.auth.identity import POD_NAME_EXTRA, Identity
 from agent.operations.placement import Call
 from agent.operations.suspends import (
     GPUMOUNT,
@@ -33,16 +34,23 @@ DOCS = {
 }
 
 
+def caller_of(identity: Identity) -> str:
+    """Who holds places in the queue: the user, and for a pod-bound token its pod (the
+    notebooks of one namespace share its ServiceAccount; each is a caller of its own)."""
+    pods = identity.user.extra.get(POD_NAME_EXTRA)
+    return f"{identity.name} (pod {pods[0]})" if pods else identity.name
+
+
 def _acquire(call: Call) -> AcquireResult:
     ask = call.ask
-    return call.node.ondemand.acquire(ask.namespace, ask.pod, ask.request, call.caller.name,
-                                      call.found)  # fmt: skip
+    return call.node.ondemand.acquire(ask.namespace, ask.pod, ask.request,
+                                      caller_of(call.caller), call.found)  # fmt: skip
 
 
 def _release(call: Call) -> ReleaseResult:
     ask = call.ask
-    return call.node.ondemand.release(ask.namespace, ask.pod, ask.request, call.caller.name,
-                                      call.found)  # fmt: skip
+    return call.node.ondemand.release(ask.namespace, ask.pod, ask.request,
+                                      caller_of(call.caller), call.found)  # fmt: skip
 
 
 def _row(op: str, model: Any, result: Any, run: Any) -> Operation:

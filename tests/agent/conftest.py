@@ -141,9 +141,13 @@ class Cluster:
         node: str = "node-a",
         nofile: int | None = None,
         annotations: dict[str, str] | None = None,
+        private_tmp: bool = False,
     ) -> RuncContainer:
-        """`nofile`: the container's RLIMIT_NOFILE (default runc's 1024)."""
-        container = RuncContainer(self.workdir, self.rootfs, mode, nofile=nofile)
+        """`nofile`: the container's RLIMIT_NOFILE (default runc's 1024); `private_tmp`: a
+        /tmp of its own (the stand-in CUDA process keeps its socket and status there)."""
+        container = RuncContainer(
+            self.workdir, self.rootfs, mode, nofile=nofile, private_tmp=private_tmp
+        )
         self.containers.append(container)
         manifest = pod_manifest(name, container, namespace, node, annotations=annotations)
         self.kube.put_pod(manifest)

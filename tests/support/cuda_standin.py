@@ -38,6 +38,39 @@ containerEdits:
 GPU_MAP = ["--gpu", f"{UUID_A}=/dev/nvidia0", "--gpu", f"{UUID_B}=/dev/nvidia1"]
 
 
+# Nodes with a driver behind them (an open succeeds), each one stand-in GPU more: for
+# benches with more GPUs than A and B (bench/on_demand_bench.py).
+MORE_NODES = [(1, 3), (1, 7), (1, 8), (1, 9), (10, 200), (1, 11)]
+
+
+def standin_uuids(count: int) -> list[str]:
+    """A and B, then more of the same model."""
+    more = [f"GPU-cccccccc-0000-4000-8000-{i:012d}" for i in range(3, count + 1)]
+    return [UUID_A, UUID_B, *more][:count]
+
+
+def spec_for(count: int) -> str:
+    """SPEC with `count` GPUs (at most 8): A and B as in SPEC, then MORE_NODES."""
+    if count <= 2:
+        return SPEC
+    devices = "".join(
+        f"  - name: {uuid}\n    containerEdits:\n      deviceNodes: [{{path: /dev/nvidia{i}, "
+        f"type: c, major: {major}, minor: {minor}}}]\n"
+        for i, (uuid, (major, minor)) in enumerate(
+            zip(standin_uuids(count)[2:], MORE_NODES, strict=False), start=2
+        )
+    )
+    head, _, tail = SPEC.partition("containerEdits:\n  deviceNodes:")
+    return f"{head}{devices}containerEdits:\n  deviceNodes:{tail}"
+
+
+def gpu_map(uuids: list[str]) -> list[str]:
+    """cuda_process's --gpu arguments for `uuids` (the first is the one it opens), each
+    GPU's node named by its place among all the stand-in's GPUs."""
+    every = standin_uuids(len(MORE_NODES) + 2)
+    return [arg for u in uuids for arg in ("--gpu", f"{u}=/dev/nvidia{every.index(u)}")]
+
+
 @dataclass(frozen=True)
 class StandIn:
     driver_root: Path
@@ -46,15 +79,16 @@ class StandIn:
     cdi_dir: Path
 
 
-def build_standin(base: Path) -> StandIn:
-    """The stand-in driver root (libcuda, NVML), fake NVML, a rootfs with the process."""
+def build_standin(base: Path, gpus: int = 2) -> StandIn:
+    """The stand-in driver root (libcuda, NVML), fake NVML, a rootfs with the process;
+    `gpus` stand-in GPUs (A, B, then MORE_NODES)."""
     root = driver.build_root(base / "driver")
     lib = nvml.build(base / "nvml")
     rootfs = make_rootfs(base / "image")
     driver.build_cuda_process(rootfs / "bin" / "cuda_process")
     cdi = base / "cdi"
     cdi.mkdir()
-    (cdi / "gpus.yaml").write_text(SPEC)
+    (cdi / "gpus.yaml").write_text(spec_for(gpus))
     return StandIn(root, lib, rootfs, cdi)
 
 

@@ -84,6 +84,7 @@ class RuncContainer:
         share_net_with: RuncContainer | None = None,
         readonly_root: bool = False,
         nofile: int | None = None,
+        private_tmp: bool = False,
     ):
         self.mode = mode
         self._stopped = False
@@ -96,6 +97,11 @@ class RuncContainer:
         config["process"]["terminal"] = False
         config["process"]["args"] = args or ["sleep", "100000"]
         config["root"] = {"path": str(rootfs), "readonly": readonly_root}
+        if private_tmp:  # a /tmp of its own: containers made from one rootfs share its /tmp
+            config["mounts"].append(
+                {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                 "options": ["nosuid", "nodev", "mode=1777"]}
+            )  # fmt: skip
         if nofile is not None:  # RLIMIT_NOFILE, as a runtime's defaults allow
             config["process"]["rlimits"] = [
                 {"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}

@@ -17,6 +17,8 @@
  * $FAKE_CUDA_GATE_DIR: when set, a checkpoint or restore of host PID <pid> waits (up to
  * LONGEST_MS) until <dir>/checkpoint-<pid> or <dir>/restore-<pid> exists, so that a test
  * holds an operation part-way and reads its progress, without timing anything.
+ * $FAKE_CUDA_STEP_MS: each checkpoint and each restore takes this many milliseconds more
+ * (bench/on_demand_bench.py: a GPU memory's copy at a per-GiB cost).
  */
 #include <errno.h>
 #include <poll.h>
@@ -177,6 +179,16 @@ static void wait_gate(const char *step, int pid) {
     }
 }
 
+/* $FAKE_CUDA_STEP_MS: the cost of one checkpoint or restore. */
+static void step_cost(void) {
+    const char *text = getenv("FAKE_CUDA_STEP_MS");
+    long ms = text ? atol(text) : 0;
+    if (ms <= 0 || ms > LONGEST_MS)
+        return;
+    struct timespec cost = {ms / 1000, (ms % 1000) * 1000 * 1000};
+    nanosleep(&cost, NULL);
+}
+
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args) {
     if (version() < 12040)
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -190,6 +202,7 @@ CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args
     if (version() < 12040)
         return CUDA_ERROR_NOT_SUPPORTED;
     wait_gate("checkpoint", pid);
+    step_cost();
     char reply[256];
     CUresult result = ask(pid, "checkpoint", reply, sizeof reply, LONGEST_MS);
     if (result == CUDA_SUCCESS)
@@ -222,6 +235,7 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args) {
         }
     }
     wait_gate("restore", pid);
+    step_cost();
     char reply[256];
     CUresult result = ask(pid, command, reply, sizeof reply, LONGEST_MS);
     if (result == CUDA_SUCCESS)
