@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.stats import percentile
-from tests.agent.conftest import METRICS, OLGA
+from tests.agent.conftest import METRICS
 from tests.fakes import nvml
 from tests.support.cuda_standin import (
     MORE_NODES,
@@ -76,13 +76,14 @@ class Results:
 
 def notebook(
     world: World, name: str, namespace: str, container: RuncContainer, args: argparse.Namespace,
-    results: Results, until: float, rng: random.Random,
+    results: Results, until: float, rng: random.Random, token: str,
 ) -> None:  # fmt: skip
+    """One notebook's cells, as the extension asks for them, with its pod's own token."""
     uuids = standin_uuids(args.gpus)
     started = False
     time.sleep(rng.uniform(0, args.think))
     path = f"/v1/namespaces/{namespace}/pods/{name}"
-    with world.agent.client(OLGA) as api:
+    with world.agent.client(token) as api:
         while time.monotonic() < until:
             long = rng.random() < args.long_share
             run = rng.uniform(15, 30) if long else rng.uniform(0.5, 3)
@@ -95,6 +96,7 @@ def notebook(
                     answer = got.json()
                     if answer["state"] == "attached":
                         break
+                    time.sleep(answer.get("retryAfterSeconds") or 0)
                 wait = time.monotonic() - asked
                 if not started:
                     first = next(u for u in uuids if answer["devices"][0].endswith(u))
@@ -145,7 +147,7 @@ def main() -> None:
         (base / "world").mkdir()
         world = World(
             base / "world", standin,
-            args=("--on-demand-min-hold", str(args.min_hold), "--on-demand-per-caller", "64"),
+            args=("--on-demand-min-hold", str(args.min_hold)),
             env_more={"FAKE_CUDA_STEP_MS": str(round(step * 1000))},
         )  # fmt: skip
         try:
@@ -160,14 +162,17 @@ def main() -> None:
                 container = world.cluster.pod(
                     name, namespace=namespace, annotations=annotations, private_tmp=True
                 )
-                pods.append((name, namespace, container))
+                token = f"{name}-token"  # each notebook a caller of its own, as its pod is
+                world.cluster.kube.add_token(token, f"system:serviceaccount:{namespace}:{name}",
+                                             ["ops"])  # fmt: skip
+                pods.append((name, namespace, container, token))
             results = Results()
             began = time.monotonic()
             until = began + args.minutes * 60
             threads = [
                 threading.Thread(target=notebook, args=(world, name, ns, c, args, results, until,
-                                                        random.Random(args.seed + i)))
-                for i, (name, ns, c) in enumerate(pods)
+                                                        random.Random(args.seed + i), token))
+                for i, (name, ns, c, token) in enumerate(pods)
             ]  # fmt: skip
             for thread in threads:
                 thread.start()

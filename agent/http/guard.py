@@ -13,7 +13,8 @@ caller it does not know, and a busy agent still answers its probes:
 3. bound concurrency: at most `max_requests` API calls in the agent at once, past which
    429 with Retry-After; among them at most `max_mutating` mutating ones (anything but
    GET/HEAD/OPTIONS) at work, the others waiting in line (first come, first served, no
-   worker thread held) up to `mutating_wait` seconds for a slot, then 429 as well;
+   worker thread held) up to `mutating_wait` seconds for a slot, then 429 as well (an
+   on-demand acquire or release takes no slot: ON_DEMAND says why);
 4. bound each caller: one authenticated user may have at most `max_mutating_per_caller`
    mutating calls waiting or at work, past which 429 at once (body unread). The line is
    taken before the route's authorization, so without this bound any authenticated
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from dataclasses import dataclass
 
 import anyio
@@ -131,7 +133,7 @@ class Guard:
             if not mutating:
                 await self._bounded(scope, receive, send)
                 return
-            await self._mutate(bounded_caller, scope, receive, send)
+            await self._mutate(bounded_caller, scope, receive, send, _needs_slot(scope))
         finally:
             self.requests -= 1
 
@@ -175,12 +177,17 @@ class Guard:
             if leading:
                 self._in_review.pop(credential).set()
 
-    async def _mutate(self, caller: str | None, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _mutate(
+        self, caller: str | None, scope: Scope, receive: Receive, send: Send, slot: bool = True
+    ) -> None:
         """A mutating call: counted against its caller (None: the node's operator, not
-        counted) from the line to the answer."""
+        counted) from the line to the answer; `slot`: it takes one of the mutating slots."""
         if caller is not None:
             self.per_caller[caller] = self.per_caller.get(caller, 0) + 1
         try:
+            if not slot:
+                await self._bounded(scope, receive, send)
+                return
             if not await self._take_slot():
                 await _answer(self._too_many_mutating(), scope, receive, send)
                 return
@@ -294,3 +301,17 @@ async def _answer(exc: ApiError, scope: Scope, receive: Receive, send: Send) -> 
         headers=headers,
     )
     await response(scope, receive, send)
+
+
+# On-demand calls (agent/ondemand/arbiter.py) take no mutating slot: a cell's acquire may
+# wait up to 20 s for a GPU, and a slot held that long would stop the node's mounts. They
+# do no mount themselves (the arbiter's one hand-over thread does), and the arbiter bounds
+# how many of them wait on a worker thread; each caller is still bounded here.
+ON_DEMAND = re.compile(
+    r"/(v1/namespaces/[^/]+/pods|apis/hotmount\.io/v1alpha1/namespaces/[^/]+/gpumounts)"
+    r"/[^/]+/(acquire|release)"
+)
+
+
+def _needs_slot(scope: Scope) -> bool:
+    return not (scope["method"] == "POST" and ON_DEMAND.fullmatch(str(scope["path"])))

@@ -73,6 +73,9 @@ log = logging.getLogger(__name__)
 TICK = 0.5  # seconds between the hand-over thread's looks when nothing wakes it
 LEASE = 30.0  # a waiter that has not asked again for this long stopped waiting
 HOLDS_KEPT = 32  # recent holds the estimate is the median of
+MAX_BLOCKED = 16  # acquire calls that may wait on a worker thread at once (of the 40)
+RETRY_AFTER = 2.0  # seconds a caller answered at once, past MAX_BLOCKED, waits to ask again
+REFUSED_BACKOFF = 30.0  # seconds a pod whose suspend was refused is not suspended again
 
 
 @dataclass
@@ -91,6 +94,7 @@ class Arbiter:
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _thread: threading.Thread | None = None
     _counted_at: float | None = None
+    _blocked: int = 0  # acquire calls waiting on a worker thread now
 
     def __post_init__(self) -> None:
         self.queue = FairQueue(
@@ -105,74 +109,53 @@ class Arbiter:
         found: PodInfo | None = None,
     ) -> AcquireResult:  # fmt: skip
         """The pod's GPU, attached now or within `waitSeconds`; else its place in line
-        (kept by the pod: asking again, with or without the ticket, is not a new place)."""
+        (kept by the pod: asking again, with or without the ticket, is not a new place).
+
+        The call never mounts or resumes itself: it joins the queue and the hand-over
+        thread serves it (at once, when a GPU of its model is free and nobody is ahead).
+        So the agent's mounts stay one at a time however many cells ask, and a waiting
+        call holds a worker thread only while fewer than MAX_BLOCKED calls wait; past
+        that it answers at once, with `retryAfterSeconds`."""
         tracked = self._track(namespace, pod, request.container, caller, found)
         self._ensure_thread()
         now = self.clock()
-        deadline = now + request.wait_seconds
         with self._cond:
             tracked.busy, tracked.idle_since, tracked.last_asked = True, None, now
             if tracked.asked_at is None:
                 tracked.asked_at = now
-            leaves = tracked.leaves
-        while True:
-            with self._cond:
-                answer = self._look(tracked, leaves, deadline)
-            if answer is not None:
-                return answer
-            if self._take_free(tracked):
-                with self._cond:
-                    return self._attached(tracked, self.handover.held(tracked))
+            return self._look(tracked, tracked.leaves, now + request.wait_seconds)
 
-    def _look(self, tracked: Tracked, leaves: int, deadline: float) -> AcquireResult | None:
-        """Under the lock, until `deadline`: the answer, or None when the pod may take a
-        free GPU now (nobody of its model waits; then it is `moving`). A place given up
-        meanwhile (Ctrl-C while this call waited) ends the call: it never queues again."""
-        while True:
-            if tracked.failure is not None:
-                failure, tracked.failure = tracked.failure, None
-                tracked.asked_at = None
-                raise failure
-            if tracked.leaves != leaves:
-                return self._waiting(tracked, "stopped waiting: the place was given up")
-            if not tracked.moving:
-                held = self.handover.held(tracked)
-                if held:
-                    return self._attached(tracked, held)
-                if tracked.ticket is None and not self.queue.waiting(tracked.model or None):
-                    tracked.moving = True
-                    return None
-                if tracked.ticket is None:
-                    self._join(tracked, self.clock())
-                self._cond.notify_all()  # the hand-over thread looks now
-            remaining = deadline - self.clock()
-            if remaining <= 0:
-                return self._waiting(tracked)
-            self._cond.wait(min(remaining, TICK))
-
-    def _take_free(self, tracked: Tracked) -> bool:
-        """Attach a free GPU to the `moving` pod; False when none is free (it joined the
-        queue). A refusal (its quota full) is the caller's answer."""
+    def _look(self, tracked: Tracked, leaves: int, deadline: float) -> AcquireResult:
+        """Under the lock, until `deadline`: attached, or the place in line. A place given
+        up meanwhile (Ctrl-C while this call waited) ends the call: it never queues again.
+        A refusal the hand-over met for this pod (its quota full) is raised."""
+        blocked = False
         try:
-            resumed = self.handover.attach(tracked)
-        except NoGpuFree:
-            with self._cond:
-                tracked.moving = False
-                if tracked.ticket is None:
-                    self._join(tracked, self.clock())
-                self._cond.notify_all()
-            return False
-        except BaseException as exc:
-            with self._cond:
-                tracked.moving, tracked.asked_at = False, None
-                self._cond.notify_all()
-            if isinstance(exc, ApiError | HotmountError):
-                raise self._refusal(exc) from exc
-            raise
-        with self._cond:
-            tracked.moving, tracked.resumed = False, resumed
-            self._cond.notify_all()
-        return True
+            while True:
+                if tracked.failure is not None:
+                    failure, tracked.failure = tracked.failure, None
+                    tracked.asked_at = None
+                    raise failure
+                if tracked.leaves != leaves:
+                    return self._waiting(tracked, "stopped waiting: the place was given up")
+                if not tracked.moving:
+                    held = self.handover.held(tracked)
+                    if held:
+                        return self._attached(tracked, held)
+                    if tracked.ticket is None:
+                        self._join(tracked, self.clock())
+                    self._cond.notify_all()  # the hand-over thread looks now
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    return self._waiting(tracked)
+                if not blocked:
+                    if self._blocked >= MAX_BLOCKED:
+                        return self._waiting(tracked, retry_after=RETRY_AFTER)
+                    self._blocked, blocked = self._blocked + 1, True
+                self._cond.wait(min(remaining, TICK))
+        finally:
+            if blocked:
+                self._blocked -= 1
 
     def release(
         self, namespace: str, pod: str, request: ReleaseRequest, caller: str,
@@ -275,14 +258,16 @@ class Arbiter:
             message=f"GPU {', '.join(held)} attached",
         )  # fmt: skip
 
-    def _waiting(self, tracked: Tracked, why: str | None = None) -> AcquireResult:
+    def _waiting(
+        self, tracked: Tracked, why: str | None = None, retry_after: float | None = None
+    ) -> AcquireResult:
         namespace, pod = tracked.key
         place = self.queue.position(tracked.ticket) if tracked.ticket else None
         waited = self.clock() - (tracked.asked_at or self.clock())
         if place is None:  # being resumed or suspended right now, or given up
             return AcquireResult(
                 namespace=namespace, pod=pod, container=tracked.container, state="waiting",
-                waited_seconds=round(waited, 1),
+                waited_seconds=round(waited, 1), retry_after_seconds=retry_after,
                 message=why or "waiting for a GPU: being handed over",
             )  # fmt: skip
         guess = estimate(place, self.handover.gpu_count(), list(self._holds))
@@ -290,7 +275,7 @@ class Arbiter:
         return AcquireResult(
             namespace=namespace, pod=pod, container=tracked.container, state="waiting",
             ticket=tracked.ticket, position=place, estimate_seconds=guess,
-            waited_seconds=round(waited, 1),
+            waited_seconds=round(waited, 1), retry_after_seconds=retry_after,
             message=f"waiting for a GPU: {ordinal(place)} in line{about}",
         )  # fmt: skip
 
@@ -304,8 +289,9 @@ class Arbiter:
             self.handover.suspend(tracked, why)
         except (ApiError, HotmountError) as exc:
             log.warning("on-demand suspend of %s/%s (%s) refused: %s", namespace, pod, why, exc)
-            with self._cond:
+            with self._cond:  # not tried again, for the idle time nor a waiter, for a while
                 tracked.idle_since = self.clock()
+                tracked.refused_until = self.clock() + REFUSED_BACKOFF
             return False
         with self._cond:
             if tracked.attached_at is not None:
@@ -391,7 +377,10 @@ class Arbiter:
                     None if t.busy else (t.idle_since or t.attached_at),
                 )
                 for t in self._pods.values()
-                if t.attached_at is not None and not t.moving and t is not waiter
+                if t.attached_at is not None
+                and not t.moving
+                and t is not waiter
+                and t.refused_until <= now
             ]
             models = [waiter.model] if waiter.model else sorted({h.model for h in holdings})
             for model in models:
@@ -450,6 +439,7 @@ class Arbiter:
                 t for t in self._pods.values()
                 if t.attached_at is not None and not t.busy and not t.moving
                 and t.idle_since is not None and now - t.idle_since >= self._idle_of(t)
+                and t.refused_until <= now
             ]  # fmt: skip
             for tracked in due:
                 tracked.moving = True

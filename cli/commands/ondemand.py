@@ -67,6 +67,8 @@ def acquire(
                 if result.message != shown and opts.fmt == "table":
                     print(result.message, file=sys.stderr, flush=True)
                     shown = result.message
+                if result.retry_after_seconds:  # many wait on the agent: ask a bit later
+                    time.sleep(result.retry_after_seconds)
                 if deadline is not None and time.monotonic() >= deadline:
                     client.release(namespace, pod, container, leave=True)
                     print(f"error: no GPU within {max_wait:g}s; the place is given up",

@@ -99,6 +99,8 @@ class OnDemandCells:
             if got.message != shown:
                 self._say(f"%gpu: {got.message}")
                 shown = got.message
+            if got.retry_after_seconds:  # many cells wait on the agent: ask a bit later
+                time.sleep(got.retry_after_seconds)
 
     def _leave(self, config: Config) -> None:
         """On a client of its own: the interrupted call's connection is mid-answer."""

@@ -44,6 +44,8 @@ class AcquireResult(Model):
     position: int | None = None  # waiting: 1 for the next served
     estimate_seconds: float | None = None  # waiting: None when no hold has been seen yet
     waited_seconds: float = 0.0  # since the cell first asked
+    # waiting, answered at once because many calls wait already: ask again after this
+    retry_after_seconds: float | None = None
     message: str
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from tests.support.cuda_standin import (
     start_cuda,
     status,
 )
-from tests.support.suspend_world import World, standin_fixture, world_fixture  # noqa: F401 (fixtures)
+from tests.support.suspend_world import World, standin_fixture  # noqa: F401 (a fixture)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
@@ -35,7 +36,19 @@ PODS = "/v1/namespaces/default/pods"
 ON_DEMAND = {"hotmount.io/gpu-on-demand": "1", "hotmount.io/gpu-on-demand-idle": "1h"}
 
 
-def acquire(api: httpx.Client, pod: str, wait: float = 0.0) -> dict[str, Any]:
+@pytest.fixture(name="world")
+def on_demand_world(tmp_path: Path, standin: StandIn) -> Iterator[World]:
+    """The stand-in world, its agent keeping a GPU one second at least for a waiter."""
+    made = World(tmp_path, standin, args=("--on-demand-min-hold", "1"))
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def acquire(api: httpx.Client, pod: str, wait: float = 10.0) -> dict[str, Any]:
+    """The pod's acquire; a free GPU is attached within `wait` (the hand-over thread
+    serves every call, a free GPU at once)."""
     answer = api.post(f"{PODS}/{pod}/acquire", json={"waitSeconds": wait}, timeout=wait + 30)
     assert answer.status_code == 200, answer.text
     return answer.json()
@@ -65,11 +78,11 @@ def test_three_notebooks_share_two_gpus_on_demand(world: World) -> None:
         assert release(api, "nb1")["state"] == "idle"  # its cell ended: idle, not taken yet
 
         assert acquire(api, "nb2")["devices"] == [B]  # a cell runs in nb2 from here on
-        waiting = acquire(api, "nb3")
+        waiting = acquire(api, "nb3", wait=0)
         assert waiting["state"] == "waiting" and waiting["position"] == 1, waiting
         assert waiting["message"].startswith("waiting for a GPU: 1st in line"), waiting
 
-        # nb1 idle (held past the minimum hold, 0 here), nb2 busy: nb1's GPU goes to nb3
+        # nb1 idle (held past the minimum hold, 1s here), nb2 busy: nb1's GPU goes to nb3
         served = acquire(api, "nb3", wait=15)
         assert (served["state"], served["devices"]) == ("attached", [A]), served
         assert status(first) == "checkpointed - pattern=ok"
@@ -91,7 +104,7 @@ def test_three_notebooks_share_two_gpus_on_demand(world: World) -> None:
         assert acquire(api, "nb3")["devices"] == [A]  # still nb3's: busy all along
 
         # Ctrl-C while waiting: the place is given up, nothing is left queued
-        assert acquire(api, "nb2")["state"] == "waiting"
+        assert acquire(api, "nb2", wait=0)["state"] == "waiting"
         assert release(api, "nb2", leave=True)["state"] == "left"
         assert api.get("/v1/devices").json()["queue"] == []
     assert metric(world, "hotmount_ondemand_queue_length 0.0")
@@ -157,7 +170,7 @@ def test_the_pin_and_the_quota_follow_the_gpu(plugin_world: World) -> None:
     with world.agent.client(ALICE) as api:
         assert acquire(api, "nb1")["devices"] == [A]
         assert len(pins_of(world.cluster, "nb1")) == 1
-        refused = api.post(f"{PODS}/nb2/acquire", json={"waitSeconds": 0})
+        refused = api.post(f"{PODS}/nb2/acquire", json={"waitSeconds": 10})
         assert refused.status_code == 403, refused.text
         assert refused.json()["reason"] == "QuotaExceeded"
         assert "one-gpu" in refused.json()["message"], refused.text
@@ -173,3 +186,36 @@ def test_the_pin_and_the_quota_follow_the_gpu(plugin_world: World) -> None:
         assert sorted(world.cluster.kube.free_devices("node-a")) == sorted([UUID_A, UUID_B])
         assert acquire(api, "nb2")["state"] == "attached"  # the quota's one GPU, now free
         assert len(pins_of(world.cluster, "nb2")) == 1
+
+
+def test_waiting_cells_take_no_mount_slot_nor_every_worker(world: World) -> None:
+    """Twelve notebooks wait for the two GPUs, each on a call of its own, more than the
+    agent's mutating slots (8) and its cap on waiting calls (16 is not reached, 12 wait
+    on threads): an unmount beside them is answered at once, not queued behind them."""
+    tokens = []
+    for i in range(12):
+        world.cluster.pod(f"nb{i}", annotations=ON_DEMAND)
+        token = f"nb{i}-token"
+        world.cluster.kube.add_token(token, f"nb{i}", ["ops"])  # a caller each (its pod)
+        tokens.append(token)
+    world.cluster.pod("holder", annotations=ON_DEMAND)
+    world.cluster.pod("other", annotations=ON_DEMAND)
+    with world.agent.client(ALICE) as api:
+        assert acquire(api, "holder")["devices"] == [A] and acquire(api, "other")["devices"] == [B]
+
+    def wait_in_line(i: int) -> dict[str, Any]:
+        with world.agent.client(tokens[i]) as api:
+            return acquire(api, f"nb{i}", wait=15)
+
+    with ThreadPoolExecutor(12) as pool:
+        waiting = [pool.submit(wait_in_line, i) for i in range(12)]
+        with world.agent.client(ALICE) as api:
+            wait_for(lambda: len(api.get("/v1/devices").json()["queue"]) == 12, "12 in line")
+            unmounted = api.delete(f"{PODS}/other/devices/{B}")
+            assert unmounted.status_code == 200, unmounted.text  # not 429 after 10 s
+            released = release(api, "holder", leave=False)
+            assert released["state"] == "idle"
+        answers = [f.result() for f in waiting]
+    attached = [a for a in answers if a["state"] == "attached"]
+    assert len(attached) == 2, answers  # B (unmounted) and A (holder idle past 1s)
+    assert {a["devices"][0] for a in attached} == {A, B}

@@ -16,10 +16,10 @@ import pytest
 
 from cli.notebook import Config
 from tests.agent.conftest import ALICE
-from tests.agent.test_on_demand import ON_DEMAND, acquire, release
+from tests.agent.test_on_demand import ON_DEMAND, acquire, on_demand_world, release  # noqa: F401
 from tests.cli.test_notebook_warnings import cell
 from tests.support.cuda_standin import A, B, nvml_config, start_cuda, status
-from tests.support.suspend_world import World, standin_fixture, world_fixture  # noqa: F401 (fixtures)
+from tests.support.suspend_world import World, standin_fixture  # noqa: F401 (a fixture)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kernel

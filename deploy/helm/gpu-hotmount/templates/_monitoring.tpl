@@ -67,4 +67,9 @@ groups:
         {{- include "gpu-hotmount.alertMeta" (dict "root" . "alert" "HotmountTokenReviewsAtBound" "severity" "warning"
             "summary" `Agent {{ $labels.pod }} on node {{ $labels.node }} runs {{ $value }} TokenReviews at once, its bound (--max-token-reviews)`
             "description" "Calls with tokens the agent does not know yet get 429 while the bound is reached: many new tokens (a flood, or a client minting one per call) or a slow API server.") | nindent 8 }}
+      - alert: HotmountOnDemandQueueNotDraining
+        expr: min_over_time(hotmount_ondemand_queue_length{ {{- $job -}} }[{{ $rules.onDemandQueue.for }}]) > 0 unless on (job, instance) sum by (job, instance) (increase(hotmount_ondemand_attaches_total{ {{- $job -}} }[{{ $rules.onDemandQueue.for }}])) > 0
+        {{- include "gpu-hotmount.alertMeta" (dict "root" . "alert" "HotmountOnDemandQueueNotDraining" "severity" "warning"
+            "summary" (printf "Agent {{ $labels.pod }} on node {{ $labels.node }} has had at least {{ $value }} on-demand notebooks waiting for a GPU for %s, and attached none" $rules.onDemandQueue.for)
+            "description" "Notebooks wait in the node's on-demand queue and no GPU goes to any of them: every on-demand GPU is busy (cells running), the GPUs are held by ordinary pods or hot-mounts, or resumes fail.") | nindent 8 }}
 {{- end -}}
