@@ -1,7 +1,8 @@
-"""Where a pod's call runs, decided before any handler: the caller authorized here, the
-pod looked up once, then the call done here (the use case gets the pod, and its
-`measure()` starts knowing the pod is local) or forwarded to the pod's node's agent, whose
-answer passes through as it came (agent/routes/forwarding.py).
+"""Where a pod's call runs, decided before its use case, in the handler's own worker
+thread (agent/operations/table.py): the caller authorized here, the pod looked up once,
+then the call done here (the use case gets the pod, and its `measure()` starts knowing
+the pod is local) or forwarded to the pod's node's agent, whose answer passes through as
+it came (agent/routes/forwarding.py).
 
 The receiving agent of a forwarded call authenticates (agent/http/guard.py) and authorizes
 the caller itself before it looks at the pod, as for any call: a forwarded call is

@@ -1,8 +1,15 @@
 """An operation is one row: what it needs and does, and how each API face spells it.
-`register` makes each face's route from the row: a dependency (`place`) authorizes the
+`register` makes each face's route from the row: a dependency (`asked`) reads the face's
+parameters and the caller; the handler then places the call (`place`: authorizes the
 caller, looks the pod up once and forwards the call to the pod's node when it lives
-elsewhere, all before the handler, which then runs the use case here and writes its
-answer as the face does."""
+elsewhere), all before the use case, which it then runs here, and writes its answer as
+the face does.
+
+One worker thread per call: the dependency is a coroutine that does no I/O, and the
+placement runs in the handler's own thread. FastAPI gives every sync dependency a
+thread of its own; a sync placement beside the sync handler cost each pod call a second
+hop between the event loop and a worker thread (two more wake-ups of each, which under
+CPU load are each a wait for a core)."""
 
 from __future__ import annotations
 
@@ -97,7 +104,17 @@ def register(v1: APIRouter, aggregated: APIRouter, operations: Sequence[Operatio
 
 
 def _route(router: APIRouter, op: Operation, face: Face, model: Any) -> None:
-    def placed(request: Request, caller: Identity, **args: Any) -> Call:
+    async def asked(request: Request, caller: Identity, **args: Any) -> tuple[Identity, Args]:
+        """The caller and the face's parameters, as FastAPI read them; nothing else (a
+        coroutine: no worker thread of its own)."""
+        return caller, args
+
+    # FastAPI reads a dependency's parameters from its signature: the face's own.
+    asked.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [path("request", Request), path("caller", Caller), *face.params]
+    )
+
+    def placed(request: Request, caller: Identity, args: Args) -> Call:
         ask = face.read(args)
         node: Node = request.app.state.node
         op.check(request.app.state.authorizer, caller, ask)
@@ -109,17 +126,14 @@ def _route(router: APIRouter, op: Operation, face: Face, model: Any) -> None:
                 raise
             raise Forwarded(_response(face.deliver(request, ask, forwarded.response))) from None
 
-    # FastAPI reads a dependency's parameters from its signature: the face's own.
-    placed.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [path("request", Request), path("caller", Caller), *face.params]
-    )
-
-    def endpoint(request: Request, call: Call) -> Any:
+    def endpoint(request: Request, given: tuple[Identity, Args]) -> Any:
+        call = placed(request, *given)  # in this thread, before the use case
         answer = face.answer(call, op.run(call))
         return face.deliver(request, call.ask, answer) if face.deliver else answer
 
+    given = Annotated[tuple[Identity, Args], Depends(asked)]
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [path("request", Request), path("call", Annotated[Call, Depends(placed)])]
+        [path("request", Request), path("given", given)]
     )
 
     router.add_api_route(

@@ -1,7 +1,7 @@
 """Send a call for another node to that node's agent; its answer passes through as it came.
 
 The placement of a pod's call (agent/operations/placement.py) raises `Forwarded` with
-that answer before any handler runs; the app answers with it as it is (`install`).
+that answer before any use case runs; the app answers with it as it is (`install`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """Both API faces come from the operation table (agent/operations/): every row's /v1
 and aggregated routes exist with its method, and each is placed (authorized, its pod
-looked up, forwarded when elsewhere) by the table's dependency before its handler runs.
+looked up, forwarded when elsewhere) in its handler's thread before the use case runs.
 No runc, no agent process: the routers as the app includes them."""
 
 from __future__ import annotations
 
+import inspect
+
+from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
 from agent import aggregated, operations
@@ -41,11 +44,28 @@ def test_every_row_makes_its_routes_on_both_faces() -> None:
 
 def test_each_table_route_is_placed_before_its_handler() -> None:
     for (method, path), route in table_routes().items():
-        placing = [d for d in route.dependant.dependencies if d.call.__name__ == "placed"]
-        assert len(placing) == 1, (method, path)
-        # the caller is authenticated first, inside the placement
-        names = {d.call.__name__ for d in placing[0].dependencies}
+        asking = [d for d in route.dependant.dependencies if d.call.__name__ == "asked"]
+        assert len(asking) == 1, (method, path)
+        # the caller is authenticated first, in the table's dependency
+        names = {d.call.__name__ for d in asking[0].dependencies}
         assert "request_identity" in names, (method, path, names)
+        # the placement runs in the handler, before the use case
+        assert route.dependant.call.__name__ == "endpoint", (method, path)
+
+
+def dependencies(dependant: Dependant) -> list[Dependant]:
+    return [found for d in dependant.dependencies for found in [d, *dependencies(d)] if d.call]
+
+
+def test_each_table_route_takes_one_worker_thread() -> None:
+    """FastAPI runs a plain `def` dependency in a worker thread of its own: every
+    dependency of a pod route is a coroutine, so the handler's thread is the call's only
+    one (the placement, authorization included, runs in it). A sync placement beside the
+    handler cost every pod call a second hop (issue 41's unmanaged mount)."""
+    for (method, path), route in table_routes().items():
+        assert not inspect.iscoroutinefunction(route.dependant.call), (method, path)
+        for dependency in dependencies(route.dependant):
+            assert inspect.iscoroutinefunction(dependency.call), (method, path, dependency.call)
 
 
 def test_no_pod_operation_is_written_outside_the_table() -> None:
