@@ -4,23 +4,23 @@ thread that hands GPUs over.
 A pod annotated `hotmount.io/gpu-on-demand` (policy.py) holds a GPU only while its cells
 run. Its notebook calls `acquire` before a cell and `release` after it:
 
-- **acquire**: a GPU already attached answers at once. A suspended pod is resumed onto any
-  free GPU of its model (agent/suspend/suspending.py: the pin made again for that GPU); a
-  pod with none yet gets its count of free GPUs by name (agent/node/mounting.py: pinned as
-  a mount by name is). With none free, or others of the model already waiting, the pod
-  joins the node's fair queue (queue.py) and the call waits up to `waitSeconds`, then
-  answers its place; the next call with its ticket keeps that place.
+- **acquire**: a GPU already attached answers at once. Otherwise the pod takes its place
+  in the node's fair queue (queue.py; asking again keeps it) and the call waits up to
+  `waitSeconds` for the hand-over thread to serve it, then answers its place.
 - **release**: the cell ended: the GPU is suspended after the pod's idle time unless
   another cell comes (no warning first: the next cell resumes it). `leave`: the caller
   stopped waiting; its place goes at once.
 
-The hand-over thread (`_run`) serves the queue: the head of each model's order gets the
-first free GPU; with none free, it suspends the on-demand GPU idle longest past the
+The hand-over thread (`_run`, handover.py's steps) is the only one that mounts, resumes
+or suspends on-demand GPUs: the head of each model's order gets a free GPU (a suspended
+pod resumed onto any free GPU of its model, a new one mounted by name, each pinned as a
+mount by name is); with none free, it suspends the on-demand GPU idle longest past the
 minimum hold (never one whose cell runs) and serves the head with it. It also suspends
 GPUs idle past their time, drops waiters that stopped asking (a closed notebook), and
-counts GPU-seconds. Resumes and suspends run outside the arbiter's lock, under the
-container's own (the use cases take it); a pod in the middle of one is `moving`, and no
-other step starts on it until it ends.
+counts GPU-seconds. So however many cells ask, the node's mounts stay one at a time; a
+waiting call takes no mutating slot (agent/http/guard.py) and at most MAX_BLOCKED of
+them wait on a worker thread. A pod being resumed or suspended is `moving`: nothing else
+starts on it until that ends.
 
 The books follow the GPU: a suspend deletes the pin (and with it the quota charge), a
 resume pins the GPU resumed onto, so an ordinary pod is never given, or refused for, a GPU

@@ -114,6 +114,8 @@ class Release:
             # pins may take HIGH_PRIORITY from their pods (the admission policy's list)
             "holder": {"image": PAUSE_IMAGE, "priorityClasses": [HIGH_PRIORITY]},
             "reconcileInterval": RECONCILE_INTERVAL,
+            # on demand (flow 26): a notebook's GPU goes to a waiter once held 2 s
+            "onDemand": {"minHoldSeconds": 2},
             "hardened": self.hardened,
             # NVML on a GPU node comes from the driver; here the fake, at the same UUIDs
             "extraVolumes": [

@@ -102,6 +102,7 @@ def notebook_pod(
     *,
     kernel: bool = False,
     annotations: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[str]:
     """A Running notebook pod in `default` (its name), deleted afterwards with its
     ServiceAccount, RoleBinding and CA ConfigMap. `kernel`: its main process is a
@@ -129,6 +130,8 @@ def notebook_pod(
             manifest["metadata"]["annotations"] = annotations
         container = manifest["spec"]["containers"][0]
         container["command"] = ["python3", "-c", KERNEL] if kernel else ["sleep", "infinity"]
+        if env:
+            container["env"] = [{"name": k, "value": v} for k, v in env.items()]
         container["volumeMounts"] = [
             {"name": "hotmount-ca", "mountPath": "/var/run/secrets/hotmount.io", "readOnly": True}
         ]

@@ -1,5 +1,6 @@
 """Flow 26 (issue 33): an idle notebook's GPU is suspended, used by another pod, and given
 back by the notebook's next cell, with the kernel's Python state and GPU memory intact.
+And (issue 42) three on-demand notebooks share the node's two GPUs (the last test).
 
 The notebook pod runs a kernel (tests/k8s/notebook.py's `Kernel`) with the pod annotated
 `hotmount.io/idle-policy: suspend`, as a user would: `%load_ext cli.notebook`, `%gpu
@@ -25,7 +26,9 @@ FAKE_CUDA_STATE_DIR, in the agent's pod). There is no driver behind the GPU node
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -187,3 +190,100 @@ def test_an_idle_notebook_is_suspended_its_gpu_lent_and_its_next_cell_resumes_it
     finally:
         activity.unlink(missing_ok=True)
         _nvml_shows(release, ())
+
+
+ON_DEMAND = {"hotmount.io/gpu-on-demand": "1", "hotmount.io/gpu-on-demand-idle": "1h"}
+# The CUDA program on whichever GPU the cell was given (the first --gpu is the one it opens).
+START_HERE = f"""
+import os, subprocess
+uuids = {[g.uuid for g in NVML_GPUS]!r}
+mine = [i for i in range(len(uuids)) if os.path.exists(f"/dev/nvidia{{i}}")]
+gpus = []
+for i in mine + [i for i in range(len(uuids)) if i not in mine]:
+    gpus += ["--gpu", f"{{uuids[i]}}=/dev/nvidia{{i}}"]
+program = subprocess.Popen(
+    ["cuda_process", *gpus, "--ctl", "/dev/nvidiactl", "--status", "{STATUS}"],
+    stdout=subprocess.PIPE, cwd="/",
+)
+print(program.stdout.readline().decode().strip(), "on", mine)
+tensors = {{"weights": [1.5, 2.5], "step": 42}}
+"""
+
+
+def _books_match(node: Node, attached: dict[str, int]) -> None:
+    """Each pod of `attached` holds its GPU (by index) granted, with one live pin the
+    kubelet gave that GPU; one given -1 holds no pin (suspended, or none yet)."""
+    for pod, index in attached.items():
+        if index < 0:
+            assert _live_pins(node, pod) == [], pod
+            continue
+        assert flows.device_state(node, pod, index) == GRANTED, pod
+        [pin] = _live_pins(node, pod)
+        assert flows.given_to(node, pin) == (NVML_GPUS[index].uuid,), (pod, pin)
+
+
+def _gpu_of(said: str) -> int:
+    found = re.search(r"READY.* on \[(\d)\]", said) or re.search(
+        r"/dev/nvidia(\d) pattern=ok", said
+    )
+    assert found, said
+    return int(found.group(1))
+
+
+def test_three_on_demand_notebooks_share_two_gpus(
+    node: Node, standin_driver: flows.Release, notebook_image: str
+) -> None:
+    """Each notebook holds a GPU only while its cells run. Two start on the two GPUs; two
+    long cells keep both busy while the third notebook's cell waits in line
+    (`waiting for a GPU: 1st in line`), then gets the GPU of the first long cell to end;
+    each suspended notebook's next cell takes the GPU of the one idle longest and resumes
+    onto it (onto another GPU than its own, for the third), its Python state and CUDA
+    memory pattern intact; at every step the kubelet's books (the pins) match who holds
+    which GPU."""
+    release = standin_driver
+    env = {"GPU_HOTMOUNT_ON_DEMAND": "1"}
+    pods: list[str] = []
+    kernels: list[Kernel] = []
+    with (
+        notebook_pod(node, release, notebook_image, kernel=True, annotations=ON_DEMAND,
+                     env=env) as first,
+        notebook_pod(node, release, notebook_image, kernel=True, annotations=ON_DEMAND,
+                     env=env) as second,
+        notebook_pod(node, release, notebook_image, kernel=True, annotations=ON_DEMAND,
+                     env=env) as third,
+    ):  # fmt: skip
+        pods = [first, second, third]
+        kernels = [Kernel(node, pod) for pod in pods]
+        for kernel in kernels:
+            kernel.run("%load_ext cli.notebook")
+        said = [kernels[0].run(START_HERE), kernels[1].run(START_HERE)]
+        assert all("READY" in s and "Traceback" not in s for s in said), said
+        on = {first: _gpu_of(said[0]), second: _gpu_of(said[1])}
+        assert sorted(on.values()) == [0, 1], said
+        _books_match(node, {**on, third: -1})
+
+        # two long cells: both GPUs busy while the third notebook's cell asks
+        with ThreadPoolExecutor(2) as pool:
+            short = pool.submit(kernels[0].run, "import time; time.sleep(8)")
+            long = pool.submit(kernels[1].run, "import time; time.sleep(20)")
+            time.sleep(3)
+            said_third = kernels[2].run(START_HERE)
+            short.result(), long.result()
+        assert "%gpu: waiting for a GPU: 1st in line" in said_third, said_third
+        assert "READY" in said_third, said_third
+        on[third] = _gpu_of(said_third)
+        assert on[third] == on[first], (on, said_third)  # the first long cell's GPU
+        assert flows.events(node, first, "GPUSuspended")
+        _books_match(node, {first: -1, second: on[second], third: on[third]})
+
+        # the first notebook's next cell: the third has been idle longest, its GPU goes
+        said_first = kernels[0].run(NEXT)
+        assert "%gpu: resumed" in said_first and "state 42 4.0" in said_first, said_first
+        assert _gpu_of(said_first) == on[third], said_first
+        _books_match(node, {first: on[third], second: on[second], third: -1})
+
+        # the third's: the second is idle longest now; the third resumes onto its GPU
+        said_third = kernels[2].run(NEXT)
+        assert "%gpu: resumed" in said_third and "state 42 4.0" in said_third, said_third
+        assert " onto " in said_third and _gpu_of(said_third) == on[second], said_third
+        _books_match(node, {first: on[third], second: -1, third: on[second]})
