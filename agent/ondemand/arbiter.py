@@ -35,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from agent.common.targets import Targets
@@ -48,18 +49,16 @@ from agent.errors import (
 )
 from agent.kube.client import PodInfo
 from agent.metrics import OnDemandMetrics
-from agent.ondemand import policy
+from agent.ondemand import planning, policy
 from agent.ondemand.handover import HandOver, Tracked
+from agent.ondemand.planning import HandOverTask, taken
 from agent.ondemand.queue import (
     FairQueue,
-    Holding,
     QueueRefused,
-    Request,
-    choose_victim,
     estimate,
     ordinal,
 )
-from hotmount.api import Engine, HotmountError, NoGpuFree
+from hotmount.api import Engine, HotmountError
 from hotmount.wire.ondemand import (
     AcquireRequest,
     AcquireResult,
@@ -74,6 +73,7 @@ TICK = 0.5  # seconds between the hand-over thread's looks when nothing wakes it
 LEASE = 30.0  # a waiter that has not asked again for this long stopped waiting
 HOLDS_KEPT = 32  # recent holds the estimate is the median of
 MAX_BLOCKED = 16  # acquire calls that may wait on a worker thread at once (of the 40)
+WORKERS = 4  # hand-overs (suspends, resumes, first mounts) under way at once
 RETRY_AFTER = 2.0  # seconds a caller answered at once, past MAX_BLOCKED, waits to ask again
 REFUSED_BACKOFF = 30.0  # seconds a pod whose suspend was refused is not suspended again
 
@@ -95,6 +95,8 @@ class Arbiter:
     _thread: threading.Thread | None = None
     _counted_at: float | None = None
     _blocked: int = 0  # acquire calls waiting on a worker thread now
+    _workers: ThreadPoolExecutor | None = None
+    _reserved: set[str] = field(default_factory=set)  # GPUs planned for hand-overs under way
 
     def __post_init__(self) -> None:
         self.queue = FairQueue(
@@ -302,6 +304,7 @@ class Arbiter:
     def _ensure_thread(self) -> None:
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
+                self._workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="on-demand")
                 self._thread = threading.Thread(target=self._run, name="on-demand", daemon=True)
                 self._thread.start()
 
@@ -315,88 +318,76 @@ class Arbiter:
                 log.exception("on-demand hand-over pass failed; the next one tries again")
 
     def step(self) -> None:
-        """One hand-over pass (the thread's; callable on its own)."""
+        """One pass of the hand-over thread: plan who gets which GPU now and hand each
+        hand-over to a worker (at most WORKERS at once); suspend GPUs idle past their
+        time. Nothing here waits on a mount or a suspend."""
         now = self.clock()
         self._count(now)
         self._drop_abandoned(now)
-        while self._serve_one(now):
-            now = self.clock()
+        assert self._workers is not None
+        for task in self._plan(now):
+            self._workers.submit(self._hand_over, task)
         for tracked in self._due(now):
-            try:
-                self._suspend(tracked, "idle")
-            finally:
-                with self._cond:
-                    tracked.moving = False
-                    self._cond.notify_all()
+            self._workers.submit(self._idle_suspend, tracked)
 
-    def _serve_one(self, now: float) -> bool:
-        """Give the head of each model's order a GPU (suspending an idle one for it if
-        need be); whether anything changed (then the pass looks again)."""
+    def _plan(self, now: float) -> list[HandOverTask]:
+        """The hand-overs to start now (planning.py), their waiters and victims marked
+        `moving` and their GPUs reserved until each ends."""
         with self._cond:
-            heads = [
-                (head, tracked)
+            if not len(self.queue):
+                return []
+            reserved = set(self._reserved)
+        free = [g for g in self.handover.free(None, frozenset()) if g.key not in reserved]
+        with self._cond:
+            lines = [
+                [(t, r.ticket) for r in self.queue.order(model)
+                 if (t := self._pods.get((r.namespace, r.pod))) and t.ticket == r.ticket]
                 for model in sorted({r.model for r in self.queue.waiting()})
-                if (head := self.queue.next_for(model)) is not None
-                and (tracked := self._pods.get((head.namespace, head.pod))) is not None
-            ]
-        return any(self._serve(head, tracked, now) for head, tracked in heads)
+            ]  # fmt: skip
+            victims = planning.victims(self._pods.values(), now, self.settings.on_demand_min_hold)
+            tasks = planning.plan(lines, free, victims, self.handover.held)
+            for task in tasks:
+                for tracked in (task.waiter, *task.victims):
+                    tracked.moving = True
+                self._reserved.update(task.keys)
+            return tasks
 
-    def _serve(self, head: Request, tracked: Tracked, now: float) -> bool:
-        with self._cond:
-            if tracked.moving or tracked.ticket != head.ticket:
-                return False
-            tracked.moving = True
+    def _hand_over(self, task: HandOverTask) -> None:
+        """On a worker: suspend the victims, then attach the waiter onto the GPUs planned.
+        A GPU taken meanwhile leaves the waiter in line for the next pass; a refusal (its
+        quota full) takes it out of the line with the reason."""
+        waiter = task.waiter
         try:
+            if not all(self._suspend(victim, "waiter") for victim in task.victims):
+                return
             try:
-                resumed = self.handover.attach(tracked)
-            except NoGpuFree:
-                return self._suspend_for(tracked, now)
+                resumed = self.handover.attach(waiter, task.keys)
             except (ApiError, HotmountError) as exc:
-                self._fail(tracked, head.ticket, exc)
-                return True
+                if not taken(exc):
+                    self._fail(waiter, task.ticket, exc)
+                return
             with self._cond:
-                self.queue.serve(head.ticket)
-                tracked.ticket, tracked.resumed = None, resumed
-            log.info("on-demand: %s/%s served (%s)", *tracked.key, resumed or "first GPU")
-            return True
+                self.queue.serve(task.ticket)
+                waiter.ticket, waiter.resumed = None, resumed
+                waiter.model = waiter.model or task.model
+            log.info("on-demand: %s/%s served (%s)", *waiter.key, resumed or "first GPU")
+        except Exception:
+            log.exception("on-demand hand-over to %s/%s failed", *waiter.key)
+        finally:
+            with self._cond:
+                for tracked in (waiter, *task.victims):
+                    tracked.moving = False
+                self._reserved.difference_update(task.keys)
+                self._cond.notify_all()
+
+    def _idle_suspend(self, tracked: Tracked) -> None:
+        try:
+            self._suspend(tracked, "idle")
+        except Exception:
+            log.exception("on-demand idle suspend of %s/%s failed", *tracked.key)
         finally:
             with self._cond:
                 tracked.moving = False
-                self._cond.notify_all()
-
-    def _suspend_for(self, waiter: Tracked, now: float) -> bool:
-        """Suspend the on-demand GPU idle longest past the minimum hold, of the waiter's
-        model (any, for a waiter of any model), so that the waiter gets it."""
-        with self._cond:
-            holdings = [
-                Holding(
-                    t.info.namespace,
-                    t.info.name,
-                    t.model,
-                    t.attached_at,
-                    None if t.busy else (t.idle_since or t.attached_at),
-                )
-                for t in self._pods.values()
-                if t.attached_at is not None
-                and not t.moving
-                and t is not waiter
-                and t.refused_until <= now
-            ]
-            models = [waiter.model] if waiter.model else sorted({h.model for h in holdings})
-            for model in models:
-                hold = self.settings.on_demand_min_hold
-                victim = choose_victim(holdings, model, now, hold)
-                if victim is not None:
-                    break
-            else:
-                return False
-            chosen = self._pods[(victim.namespace, victim.pod)]
-            chosen.moving = True
-        try:
-            return self._suspend(chosen, "waiter")
-        finally:
-            with self._cond:
-                chosen.moving = False
                 self._cond.notify_all()
 
     def _fail(self, tracked: Tracked, ticket: int, exc: ApiError | HotmountError) -> None:

@@ -13,7 +13,7 @@ from agent.kube.client import PodInfo
 from agent.metrics import OnDemandMetrics
 from agent.ondemand import policy
 from agent.suspend.suspending import Suspending
-from hotmount.api import Candidate, DeviceClaimed, Engine, HotmountError, NoGpuFree, gpu_uuid
+from hotmount.api import Candidate, DeviceClaimed, Engine, HotmountError, gpu_uuid
 from hotmount.wire.schemas import MountRequest, MountResult
 
 TAKEN = (AllocatedToPod, Unschedulable, DeviceClaimed)  # a free GPU taken meanwhile
@@ -82,35 +82,22 @@ class HandOver:
     def gpu_count(self) -> int:
         return len({u for d in self.engine.inventory.devices if (u := gpu_uuid(d)) and not d.mig})
 
-    def attach(self, tracked: Tracked) -> dict[str, str]:
-        """Resume the pod's suspended GPUs onto free ones, or mount its first: the pins
-        made as a mount by name makes them. NoGpuFree when none of its model is free."""
+    def attach(self, tracked: Tracked, onto: list[str]) -> dict[str, str]:
+        """Resume the pod's suspended GPUs onto `onto`, or mount them as its first: the
+        pins made as a mount by name makes them. What the resume moved (old -> new)."""
         namespace, pod = tracked.key
         record = self.engine.mounts.record(tracked.container_id)
         if record is not None and record.suspended:
-            done = self.suspending.resume_pod(namespace, pod, tracked.container, None,
+            done = self.suspending.resume_pod(namespace, pod, tracked.container, onto,
                                               tracked.caller, tracked.info)  # fmt: skip
             self.metrics.attaches.labels("resume").inc()
             return done.resumed
-        taken = self.suspending.allocated_elsewhere(tracked.info)
-        for _ in range(3):
-            free = self.free(tracked.wants.model or tracked.model or None, taken)
-            if len(free) < tracked.wants.count:
-                break
-            keys = [c.key for c in free[: tracked.wants.count]]
-            try:
-                self.mounting.mount_pod(
-                    namespace, pod, MountRequest(devices=keys, container=tracked.container),
-                    tracked.caller, tracked.info,
-                )  # fmt: skip
-            except TAKEN:
-                taken = taken | frozenset(keys)
-                continue
-            self.metrics.attaches.labels("first").inc()
-            tracked.model = tracked.model or (free[0].model or "")
-            return {}
-        want = tracked.wants.model or tracked.model or "any model"
-        raise NoGpuFree(f"no {tracked.wants.count} GPU(s) of {want} free on this node")
+        self.mounting.mount_pod(
+            namespace, pod, MountRequest(devices=onto, container=tracked.container),
+            tracked.caller, tracked.info,
+        )  # fmt: skip
+        self.metrics.attaches.labels("first").inc()
+        return {}
 
     def free(self, model: str | None, taken: frozenset[str]) -> list[Candidate]:
         """Free whole GPUs of `model` (any: None), one name each. A GPU NVML cannot name

@@ -15,15 +15,14 @@ Pure: no clock and no I/O (times are given), so the rules are tested exactly.
 
 `order` tells where every waiter stands, as GPUs free one by one; `position` is a cell's
 place in that order (the `2nd in line` a notebook shows) and `estimate` what it may wait.
-`choose_victim` picks the on-demand GPU to suspend for a waiter: only one whose cells are
-idle and that has been held at least the minimum hold; never a busy one.
+Which GPU goes to whom, and which idle one is suspended for a waiter: planning.py.
 """
 
 from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 DEFAULT_PER_CALLER = 2
@@ -152,31 +151,3 @@ def estimate(position: int, gpus: int, recent_holds: Sequence[float]) -> float |
         return None
     rounds = (position + gpus - 1) // gpus
     return rounds * statistics.median(recent_holds)
-
-
-@dataclass(frozen=True)
-class Holding:
-    """An on-demand GPU attached to a pod."""
-
-    namespace: str
-    pod: str
-    model: str
-    attached_at: float
-    idle_since: float | None  # None: a cell runs on it now
-
-
-def choose_victim(
-    holdings: Iterable[Holding], model: str, now: float, min_hold: float
-) -> Holding | None:
-    """The on-demand GPU of `model` to suspend so that a waiter gets it: one whose pod
-    runs no cell, held at least `min_hold` (a notebook is not robbed between two quick
-    cells); of those, the one idle longest. None if there is none: the waiter waits.
-    A busy GPU is never chosen, however long it has been held."""
-    eligible = [
-        h
-        for h in holdings
-        if h.model == model and h.idle_since is not None and now - h.attached_at >= min_hold
-    ]
-    if not eligible:
-        return None
-    return min(eligible, key=lambda h: (h.idle_since or 0.0, h.attached_at))

@@ -7,9 +7,7 @@ import pytest
 
 from agent.ondemand.queue import (
     FairQueue,
-    Holding,
     QueueRefused,
-    choose_victim,
     estimate,
     ordinal,
 )
@@ -109,22 +107,3 @@ def test_the_estimate_counts_rounds_of_typical_holds() -> None:
     assert estimate(1, 2, [10.0, 30.0, 20.0]) == 20.0
     assert estimate(3, 2, [10.0, 30.0, 20.0]) == 40.0  # the second round of two GPUs
     assert estimate(2, 1, []) is None  # nothing seen: no guess
-
-
-def holding(pod: str, attached: float, idle: float | None, model: str = A100) -> Holding:
-    return Holding("ml", pod, model, attached, idle)
-
-
-def test_the_victim_is_the_longest_idle_gpu_held_past_the_minimum() -> None:
-    holdings = [
-        holding("recent", attached=95, idle=96),  # idle, but held 5 s only
-        holding("idle-short", attached=0, idle=90),
-        holding("idle-long", attached=10, idle=40),
-    ]
-    chosen = choose_victim(holdings, A100, now=100, min_hold=30)
-    assert chosen is not None and chosen.pod == "idle-long"
-
-
-def test_a_busy_gpu_is_never_suspended_however_long_it_was_held() -> None:
-    holdings = [holding("training", attached=0, idle=None), holding("other", 0, 50, "L4")]
-    assert choose_victim(holdings, A100, now=10_000, min_hold=30) is None
