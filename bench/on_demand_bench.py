@@ -65,6 +65,10 @@ class Cell:
     wait: float  # seconds from the first acquire to attached
     resumed: bool
     ok: bool  # the kernel's pattern intact on its GPU
+    asked: float = 0.0  # monotonic times: the first acquire, attached, the release
+    attached: float = 0.0
+    ended: float = 0.0
+    contended: bool = False  # every GPU ran another notebook's cell at some point of the wait
 
 
 @dataclass
@@ -104,17 +108,32 @@ def notebook(
                     proc, _ = start_cuda(container, "--mib", "8", gpus=gpu_map(order))
                     world.processes.append(proc)
                     started = True
+                attached = time.monotonic()
                 ok = status(container).startswith("running") and "pattern=ok" in status(container)
                 time.sleep(run)
                 api.post(f"{path}/release", json={}).raise_for_status()
+                ended = time.monotonic()
             except Exception as exc:  # counted, never raised: the bench goes on
                 with results.lock:
                     results.failed.append(f"{namespace}/{name}: {exc}")
                 continue
             with results.lock:
-                results.cells.append(Cell(namespace, wait, bool(answer["resumed"]), ok))
+                results.cells.append(Cell(namespace, wait, bool(answer["resumed"]), ok, asked,
+                                          attached, ended))  # fmt: skip
             think = min(max(rng.expovariate(1 / args.think), 2.0), 4 * args.think)
             time.sleep(think)
+
+
+def mark_contended(cells: list[Cell], gpus: int) -> None:
+    """A cell is contended when, at some moment of its wait, `gpus` other cells ran: no
+    GPU could be its then, on demand or not. The rest is what on demand added."""
+    for cell in cells:
+        others = [c for c in cells if c is not cell]
+        moments = [cell.asked, *(c.attached for c in others if cell.asked <= c.attached
+                                  < cell.attached)]  # fmt: skip
+        cell.contended = any(
+            sum(1 for c in others if c.attached <= t < c.ended) >= gpus for t in moments
+        )
 
 
 def scrape(world: World, name: str) -> float:
@@ -192,6 +211,7 @@ def report(
     suspends: float, step: float, load_before: tuple[float, float, float],
 ) -> None:  # fmt: skip
     cells = results.cells
+    mark_contended(cells, args.gpus)
     waits = [c.wait for c in cells]
     added = [max(0.0, c.wait - step) if c.resumed else c.wait for c in cells]
     wall_dedicated = args.notebooks * wall
@@ -210,6 +230,11 @@ def report(
           f"pattern lost; {resumed} resumed; {suspends:.0f} suspends")  # fmt: skip
     if not cells:
         return
+    free = [a for a, c in zip(added, cells, strict=True) if not c.contended]
+    print(f"cells that found every GPU running another's cell while they waited: "
+          f"{len(cells) - len(free)}; the others' added wait: p50 "
+          f"{percentile(free, 50):.2f} s, p99 {percentile(free, 99):.2f} s, max {max(free):.2f} s"
+          if free else "every cell found every GPU busy")  # fmt: skip
     print(f"wait per cell: p50 {percentile(waits, 50):.2f} s, p99 {percentile(waits, 99):.2f} s; "
           f"added on top of the restore: p50 {percentile(added, 50):.2f} s, "
           f"p99 {percentile(added, 99):.2f} s, mean {statistics.fmean(added):.2f} s")  # fmt: skip

@@ -305,7 +305,7 @@ async def _answer(exc: ApiError, scope: Scope, receive: Receive, send: Send) -> 
 
 # On-demand calls (agent/ondemand/arbiter.py) take no mutating slot: a cell's acquire may
 # wait up to 20 s for a GPU, and a slot held that long would stop the node's mounts. They
-# do no mount themselves (the arbiter's one hand-over thread does), and the arbiter bounds
+# do no mount themselves (the arbiter's few hand-over workers do), and the arbiter bounds
 # how many of them wait on a worker thread; each caller is still bounded here.
 ON_DEMAND = re.compile(
     r"/(v1/namespaces/[^/]+/pods|apis/hotmount\.io/v1alpha1/namespaces/[^/]+/gpumounts)"

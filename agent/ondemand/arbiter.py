@@ -11,15 +11,15 @@ run. Its notebook calls `acquire` before a cell and `release` after it:
   another cell comes (no warning first: the next cell resumes it). `leave`: the caller
   stopped waiting; its place goes at once.
 
-The hand-over thread (`_run`, handover.py's steps) is the only one that mounts, resumes
-or suspends on-demand GPUs: the head of each model's order gets a free GPU (a suspended
-pod resumed onto any free GPU of its model, a new one mounted by name, each pinned as a
-mount by name is); with none free, it suspends the on-demand GPU idle longest past the
-minimum hold (never one whose cell runs) and serves the head with it. It also suspends
+The hand-over thread (`_run`) plans who gets which GPU (planning.py: in each model's
+order, a free GPU first, else that of the on-demand pod idle longest past the minimum
+hold, never one whose cell runs) and hands each hand-over to one of WORKERS threads
+(handover.py's steps: the victim suspended, then the waiter resumed onto any free GPU
+of its model or mounted by name, each pinned as a mount by name is). It also suspends
 GPUs idle past their time, drops waiters that stopped asking (a closed notebook), and
-counts GPU-seconds. So however many cells ask, the node's mounts stay one at a time; a
-waiting call takes no mutating slot (agent/http/guard.py) and at most MAX_BLOCKED of
-them wait on a worker thread. A pod being resumed or suspended is `moving`: nothing else
+counts GPU-seconds. So however many cells ask, at most WORKERS on-demand mounts run at
+once; a waiting call takes no mutating slot (agent/http/guard.py) and at most
+MAX_BLOCKED of them wait on a worker thread. A pod being resumed or suspended is `moving`: nothing else
 starts on it until that ends.
 
 The books follow the GPU: a suspend deletes the pin (and with it the quota charge), a
@@ -115,9 +115,9 @@ class Arbiter:
 
         The call never mounts or resumes itself: it joins the queue and the hand-over
         thread serves it (at once, when a GPU of its model is free and nobody is ahead).
-        So the agent's mounts stay one at a time however many cells ask, and a waiting
-        call holds a worker thread only while fewer than MAX_BLOCKED calls wait; past
-        that it answers at once, with `retryAfterSeconds`."""
+        So at most WORKERS on-demand mounts run at once however many cells ask, and a
+        waiting call holds a worker thread only while fewer than MAX_BLOCKED calls wait;
+        past that it answers at once, with `retryAfterSeconds`."""
         tracked = self._track(namespace, pod, request.container, caller, found)
         self._ensure_thread()
         now = self.clock()
