@@ -1,5 +1,5 @@
-"""On-demand GPUs at run time (issue 42): who holds a GPU now, who waits, and the one
-thread that hands GPUs over.
+"""On-demand GPUs at run time (issue 42): who holds a GPU now, who waits, and the thread
+that hands GPUs over.
 
 A pod annotated `hotmount.io/gpu-on-demand` (policy.py) holds a GPU only while its cells
 run. Its notebook calls `acquire` before a cell and `release` after it:
@@ -19,8 +19,8 @@ of its model or mounted by name, each pinned as a mount by name is). It also sus
 GPUs idle past their time, drops waiters that stopped asking (a closed notebook), and
 counts GPU-seconds. So however many cells ask, at most WORKERS on-demand mounts run at
 once; a waiting call takes no mutating slot (agent/http/guard.py) and at most
-MAX_BLOCKED of them wait on a worker thread. A pod being resumed or suspended is `moving`: nothing else
-starts on it until that ends.
+MAX_BLOCKED of them wait on a worker thread. A pod being resumed or suspended is
+`moving`: nothing else starts on it until that ends.
 
 The books follow the GPU: a suspend deletes the pin (and with it the quota charge), a
 resume pins the GPU resumed onto, so an ordinary pod is never given, or refused for, a GPU
@@ -222,7 +222,7 @@ class Arbiter:
             tracked = self._pods.get((namespace, pod))
             if tracked is None or tracked.container_id != chosen.container_id:
                 tracked = Tracked(info, chosen.name, chosen.container_id, caller, wants,
-                                  wants.model or "", seen_at=self.clock())  # fmt: skip
+                                  wants.model or "")  # fmt: skip
                 self._pods[(namespace, pod)] = tracked
             tracked.info, tracked.caller, tracked.wants = info, caller, wants
             if not tracked.model:

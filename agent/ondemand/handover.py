@@ -40,7 +40,6 @@ class Tracked:
     leaves: int = 0  # places given up: a call that waited across one ends
     refused_until: float = 0.0  # its suspend was refused: not tried again until then
     failure: ApiError | HotmountError | None = None  # a waiter's refusal, told at its next ask
-    seen_at: float = 0.0
     resumed: dict[str, str] = field(default_factory=dict)  # what the hand-over did for it
 
     @property

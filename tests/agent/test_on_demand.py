@@ -6,6 +6,7 @@ CUDA memory intact, and giving up a place leaves nothing behind."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -219,3 +220,24 @@ def test_waiting_cells_take_no_mount_slot_nor_every_worker(world: World) -> None
     attached = [a for a in answers if a["state"] == "attached"]
     assert len(attached) == 2, answers  # B (unmounted) and A (holder idle past 1s)
     assert {a["devices"][0] for a in attached} == {A, B}
+
+
+def test_nvcli_acquire_shows_its_place_and_ctrl_c_gives_it_up(world: World) -> None:
+    """`nvcli acquire` on a pod whose GPUs are all busy prints its place within a second,
+    and Ctrl-C (SIGINT) gives the place up before nvcli exits 130."""
+    for name in ("nb1", "nb2", "nb3"):
+        world.cluster.pod(name, annotations=ON_DEMAND)
+    with world.agent.client(ALICE) as api:
+        assert acquire(api, "nb1")["devices"] and acquire(api, "nb2")["devices"]  # both busy
+        nvcli = Path(sys.executable).parent / "nvcli"
+        argv = [str(nvcli), "acquire", "--name", "nb3", "-n", "default"]
+        waiting = subprocess.Popen([*argv, "--agent", world.agent.url, "--token", ALICE],
+                                   stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert waiting.stderr is not None
+        assert waiting.stderr.readline().startswith("waiting for a GPU: 1st in line")
+        assert api.get("/v1/devices").json()["queue"][0]["pod"] == "nb3"
+        waiting.send_signal(signal.SIGINT)
+        rest = waiting.stderr.read()
+        assert waiting.wait(timeout=30) == 130, rest
+        assert "the place is given up" in rest, rest
+        assert api.get("/v1/devices").json()["queue"] == []
