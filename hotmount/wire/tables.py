@@ -117,13 +117,13 @@ GPUMOUNT_COLUMNS = [
     _column("Idle", "Idle time over idle timeout: busy, 12m/30m, -/never."),
     _column("Shared", "The pod whose GPU this mount joined on purpose."),
     _column("Pin or holder", "The pod that keeps each GPU in the scheduler's books."),
+    _column("Queue", "On demand: the pod's place in the node's queue for a GPU."),
     _column("Age", "Since the first of these mounts.", type="date"),
     _column("Node", "The node the pod runs on.", priority=1),
     _column("UUIDs", "Full UUIDs.", priority=1),
     _column("Devices", "Device keys, as the agent names them.", priority=1),
     _column("Paths", "Device nodes created in the containers.", priority=1),
     _column("State", "mounted, or suspended: the GPU given back, its processes kept.", priority=1),
-    _column("Queue", "On demand: the pod's place in the node's queue for a GPU."),
 ]
 
 NODEDEVICES_COLUMNS = [
@@ -186,13 +186,13 @@ def gpumount_cells(obj: Mapping[str, Any], now: datetime) -> list[Any]:
         _joined(_idle(d) for _, d in devices),
         _joined(d.get("sharedWith") or "" for _, d in devices),
         _joined(_keeper(d) for _, d in devices),
+        f"{status['queued']} in line" if status.get("queued") else "-",
         age(obj["metadata"].get("creationTimestamp"), now),
         status.get("node") or "-",
         _joined(d.get("uuid") or "" for _, d in devices),
         _joined(d["key"] for _, d in devices),
         _joined(p for _, d in devices for p in d.get("paths") or []),
         _joined(d.get("state") or "mounted" for _, d in devices),
-        f"{status['queued']} in line" if status.get("queued") else "",
     ]
 
 

@@ -71,7 +71,10 @@ def test_kubectl_get_gpumounts_prints_the_mounts_columns(
         assert made.status_code == 201, made.text
 
     (row,) = printed(cluster, ALICE, "gpumounts")
-    assert list(row) == ["NAME", "CONTAINER", "GPUS", "IDLE", "SHARED", "PIN OR HOLDER", "AGE"]
+    assert list(row) == [
+        "NAME", "CONTAINER", "GPUS", "IDLE", "SHARED", "PIN OR HOLDER", "QUEUE", "AGE"
+    ]  # fmt: skip
+    assert row["QUEUE"] == "-"  # not waiting for an on-demand GPU
     assert row["NAME"] == "nb"
     assert row["GPUS"] == "0 (aaaaaaaa)"
     assert row["IDLE"].endswith("/30m")

@@ -231,13 +231,13 @@ def test_nvcli_acquire_shows_its_place_and_ctrl_c_gives_it_up(world: World) -> N
         assert acquire(api, "nb1")["devices"] and acquire(api, "nb2")["devices"]  # both busy
         nvcli = Path(sys.executable).parent / "nvcli"
         argv = [str(nvcli), "acquire", "--name", "nb3", "-n", "default"]
-        waiting = subprocess.Popen([*argv, "--agent", world.agent.url, "--token", ALICE],
-                                   stderr=subprocess.PIPE, text=True)  # fmt: skip
-        assert waiting.stderr is not None
-        assert waiting.stderr.readline().startswith("waiting for a GPU: 1st in line")
-        assert api.get("/v1/devices").json()["queue"][0]["pod"] == "nb3"
-        waiting.send_signal(signal.SIGINT)
-        rest = waiting.stderr.read()
-        assert waiting.wait(timeout=30) == 130, rest
+        with subprocess.Popen([*argv, "--agent", world.agent.url, "--token", ALICE],
+                              stderr=subprocess.PIPE, text=True) as waiting:  # fmt: skip
+            assert waiting.stderr is not None
+            assert waiting.stderr.readline().startswith("waiting for a GPU: 1st in line")
+            assert api.get("/v1/devices").json()["queue"][0]["pod"] == "nb3"
+            waiting.send_signal(signal.SIGINT)
+            rest = waiting.stderr.read()
+            assert waiting.wait(timeout=30) == 130, rest
         assert "the place is given up" in rest, rest
         assert api.get("/v1/devices").json()["queue"] == []

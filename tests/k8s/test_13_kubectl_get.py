@@ -21,7 +21,9 @@ def test_kubectl_get_prints_the_mounts_and_the_nodes_devices(
         flows.nvcli_ok(node, "alice", "mount", "--name", pod, "--mount", "1")
 
         (row,) = [r for r in flows.kubectl_table(node, "alice", "gpumounts") if r["NAME"] == pod]
-        assert list(row) == ["NAME", "CONTAINER", "GPUS", "IDLE", "SHARED", "PIN OR HOLDER", "AGE"]
+        assert list(row) == [
+            "NAME", "CONTAINER", "GPUS", "IDLE", "SHARED", "PIN OR HOLDER", "QUEUE", "AGE"
+        ]  # fmt: skip
         assert row["CONTAINER"] == "main"
         assert row["GPUS"] == f"1 ({NVML_GPUS[1].uuid.removeprefix('GPU-')[:8]})"
         assert row["PIN OR HOLDER"].startswith("pin hotmount-pin-")

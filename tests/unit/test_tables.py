@@ -96,16 +96,24 @@ def test_a_gpumount_row_names_its_gpus_idle_time_and_what_keeps_it_booked() -> N
     )
     assert doc["kind"] == "Table" and doc["apiVersion"] == "meta.k8s.io/v1"
     names = [c["name"] for c in doc["columnDefinitions"] if c["priority"] == 0]
-    assert names == ["Name", "Container", "GPUs", "Idle", "Shared", "Pin or holder", "Age"]
+    assert names == ["Name", "Container", "GPUs", "Idle", "Shared", "Pin or holder", "Queue",
+                     "Age"]  # fmt: skip
     (row,) = doc["rows"]
-    assert row["cells"][:7] == ["nb", "main", "0 (8c1f2e3a)", "12m/30m", "-",
-                                "holder hotmount-holder-x", "5m"]  # fmt: skip
+    assert row["cells"][:8] == ["nb", "main", "0 (8c1f2e3a)", "12m/30m", "-",
+                                "holder hotmount-holder-x", "-", "5m"]  # fmt: skip
     assert row["object"] == {
         "kind": "PartialObjectMetadata",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": gpumount("nb")["metadata"],
     }
     assert len(row["cells"]) == len(doc["columnDefinitions"])
+
+
+def test_an_on_demand_pod_in_line_shows_its_place() -> None:
+    waiting = gpumount("nb", state="suspended")
+    waiting["status"]["queued"] = 2  # type: ignore[index]
+    (row,) = table("GPUMount", [waiting], "v1", now=NOW)["rows"]
+    assert row["cells"][2] == "0 (8c1f2e3a) suspended" and row["cells"][6] == "2 in line"
 
 
 def test_include_object_none_or_object() -> None:
