@@ -16,10 +16,10 @@ from typing import Annotated
 
 import typer
 
-from cli.commands.suspend import Container, Name
+from cli.commands.suspend import Container, Name, pod_through_agent
 from cli.options import Common
 from cli.output import render
-from cli.reach import UsageError, make_client, namespace_of
+from cli.reach import make_client, namespace_of
 from cli.wiring import with_common
 from hotmount.wire.errors import EXIT_TIMEOUT
 
@@ -27,14 +27,6 @@ from hotmount.wire.errors import EXIT_TIMEOUT
 # notebook extension): the first call answers within a second, so a place in line shows at
 # once; the next ones wait as long as the agent lets them (hotmount/wire/ondemand.py).
 FIRST_LOOK, POLL = 1.0, 20.0
-
-
-def _pod(opts: Common, name: str | None) -> str:
-    if opts.local:
-        raise UsageError("acquire and release go through an agent: --local is not supported")
-    if not name:
-        raise UsageError("Missing option '--name' (the pod)")
-    return name
 
 
 @with_common
@@ -56,7 +48,7 @@ def acquire(
     Example:
       nvcli acquire --name notebook-0
     """
-    pod = _pod(opts, name)
+    pod = pod_through_agent(opts, name, "acquire and release")
     namespace = namespace_of(opts)
     deadline = None if max_wait is None else time.monotonic() + max_wait
     shown, poll = "", FIRST_LOOK  # the place in line shown within a second
@@ -109,7 +101,7 @@ def release(
     Example:
       nvcli release --name notebook-0
     """
-    pod = _pod(opts, name)
+    pod = pod_through_agent(opts, name, "acquire and release")
     with make_client(opts) as client:
         result = client.release(namespace_of(opts), pod, container, leave=leave)
     typer.echo(render(result, opts.fmt) if opts.fmt != "table" else result.message)

@@ -58,7 +58,7 @@ def suspend(
     Example:
       nvcli suspend --name notebook-0
     """
-    pod = _pod(opts, name)
+    pod = pod_through_agent(opts, name)
     namespace = namespace_of(opts)
     with (
         make_client(opts) as client,
@@ -97,7 +97,7 @@ def resume(
       nvcli resume --name notebook-0
       nvcli resume --name notebook-0 --mount 1
     """
-    pod = _pod(opts, name)
+    pod = pod_through_agent(opts, name)
     refs = [ref for value in mount for ref in value.split(",") if ref] if mount else None
     namespace = namespace_of(opts)
     with (
@@ -118,9 +118,10 @@ def resume(
     )
 
 
-def _pod(opts: Common, name: str | None) -> str:
+def pod_through_agent(opts: Common, name: str | None, verbs: str = "suspend and resume") -> str:
+    """The pod `--name` names, for `verbs` that only an agent does (no `--local`)."""
     if opts.local:
-        raise UsageError("suspend and resume go through an agent: --local is not supported")
+        raise UsageError(f"{verbs} go through an agent: --local is not supported")
     if not name:
         raise UsageError("Missing option '--name' (the pod)")
     return name

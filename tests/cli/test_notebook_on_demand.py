@@ -9,14 +9,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from cli.notebook import Config
 from tests.agent.conftest import ALICE
 from tests.agent.test_on_demand import ON_DEMAND, acquire, on_demand_world, release  # noqa: F401
+from tests.cli.test_notebook_suspend import in_pod as in_pod_fixture  # noqa: F401
+from tests.cli.test_notebook_suspend import shell as shell_fixture  # noqa: F401
 from tests.cli.test_notebook_warnings import cell
 from tests.support.cuda_standin import A, B, nvml_config, start_cuda, status
 from tests.support.suspend_world import World, standin_fixture  # noqa: F401 (a fixture)
@@ -26,29 +25,10 @@ pytestmark = pytest.mark.kernel
 PODS = "/v1/namespaces/default/pods"
 
 
-@pytest.fixture
-def shell(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    from IPython.core.interactiveshell import InteractiveShell
-
-    token = tmp_path / "token"
-    token.write_text(ALICE)
-    env = {
-        "GPU_HOTMOUNT_AGENT": world.agent.url,
-        "GPU_HOTMOUNT_TOKEN_FILE": str(token),
-        "GPU_HOTMOUNT_NAMESPACE": "default",
-        "GPU_HOTMOUNT_POD": "nb",
-        "GPU_HOTMOUNT_ON_DEMAND": "1",
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    Config.from_env(env)
-    made = InteractiveShell.instance()
-    try:
-        made.run_line_magic("load_ext", "cli.notebook")
-        yield made
-    finally:
-        made.run_line_magic("unload_ext", "cli.notebook")
-        InteractiveShell.clear_instance()
+@pytest.fixture(autouse=True)
+def on_demand_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel of an on-demand pod (set before `shell` loads the extension)."""
+    monkeypatch.setenv("GPU_HOTMOUNT_ON_DEMAND", "1")
 
 
 def test_a_cell_waits_in_line_then_resumes_onto_the_gpu_freed(
