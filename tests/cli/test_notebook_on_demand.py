@@ -14,8 +14,7 @@ import pytest
 
 from tests.agent.conftest import ALICE
 from tests.agent.test_on_demand import ON_DEMAND, acquire, on_demand_world, release  # noqa: F401
-from tests.cli.test_notebook_suspend import in_pod as in_pod_fixture  # noqa: F401
-from tests.cli.test_notebook_suspend import shell as shell_fixture  # noqa: F401
+from tests.cli.test_notebook_suspend import in_pod_fixture, shell_fixture  # noqa: F401 (fixtures)
 from tests.cli.test_notebook_warnings import cell
 from tests.support.cuda_standin import A, B, nvml_config, start_cuda, status
 from tests.support.suspend_world import World, standin_fixture  # noqa: F401 (a fixture)

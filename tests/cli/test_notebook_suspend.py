@@ -49,8 +49,8 @@ def world(tmp_path: Path, standin: StandIn, request: pytest.FixtureRequest) -> I
         made.close()
 
 
-@pytest.fixture
-def in_pod(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
+@pytest.fixture(name="in_pod")
+def in_pod_fixture(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
     """The environment `%gpu` reads inside pod default/nb (alice's token)."""
     token = tmp_path / "token"
     token.write_text(ALICE)
@@ -65,8 +65,8 @@ def in_pod(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Con
     return Config.from_env(env)
 
 
-@pytest.fixture
-def shell(in_pod: Config) -> Iterator[object]:
+@pytest.fixture(name="shell")
+def shell_fixture(in_pod: Config) -> Iterator[object]:
     from IPython.core.interactiveshell import InteractiveShell
 
     made = InteractiveShell.instance()
