@@ -370,6 +370,9 @@ class Arbiter:
                 self.queue.serve(task.ticket)
                 waiter.ticket, waiter.resumed = None, resumed
                 waiter.model = waiter.model or task.model
+                # attached now, whether or not its call is still there to see it: counted,
+                # and suspended after its idle time if the caller gave up meanwhile
+                waiter.attached_at = self.clock()
             log.info("on-demand: %s/%s served (%s)", *waiter.key, resumed or "first GPU")
         except Exception:
             log.exception("on-demand hand-over to %s/%s failed", *waiter.key)
