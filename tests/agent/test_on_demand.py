@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.agent.conftest import ALICE, METRICS
+from tests.agent.conftest import ALICE, BOB, METRICS
 from tests.agent.test_accounting import pins_of
 from tests.support.cuda_standin import (
     UUID_A,
@@ -131,6 +131,23 @@ def test_an_idle_gpu_is_suspended_after_the_pods_idle_time_without_a_warning(
         assert again["state"] == "attached" and again["resumed"] == {A: A}, again
     assert status(container) == "running /dev/nvidia0 pattern=ok"
     assert not world.cluster.events("GPUIdleSoon")  # no warning first: the next cell resumes
+
+
+def test_another_tenant_may_neither_acquire_nor_release_a_pods_gpu(world: World) -> None:
+    """Bob has no rights on the pod: his acquire and release are refused (403, before any
+    queue or GPU work), and his leave cannot take a waiting notebook's place."""
+    for name in ("nb1", "nb2", "nb3"):
+        world.cluster.pod(name, annotations=ON_DEMAND)
+    with world.agent.client(ALICE) as api:
+        assert acquire(api, "nb1")["devices"] and acquire(api, "nb2")["devices"]
+        assert acquire(api, "nb3", wait=0)["state"] == "waiting"
+        with world.agent.client(BOB) as bob:
+            for verb, body in (("acquire", {}), ("release", {"leave": True}), ("release", {})):
+                refused = bob.post(f"{PODS}/nb3/{verb}", json=body)
+                assert refused.status_code == 403, refused.text
+            assert bob.post(f"{PODS}/nb1/release", json={}).status_code == 403
+        assert [q["pod"] for q in api.get("/v1/devices").json()["queue"]] == ["nb3"]
+        assert acquire(api, "nb1", wait=0)["state"] == "attached"  # still nb1's, busy
 
 
 def test_a_pod_that_does_not_ask_is_refused_and_nothing_changes(world: World) -> None:

@@ -239,7 +239,8 @@ def test_three_on_demand_notebooks_share_two_gpus(
     each suspended notebook's next cell takes the GPU of the one idle longest and resumes
     onto it (onto another GPU than its own, for the third), its Python state and CUDA
     memory pattern intact; at every step the kubelet's books (the pins) match who holds
-    which GPU."""
+    which GPU. While the notebooks hold both GPUs an ordinary GPU pod is unschedulable;
+    once they are gone, an ordinary pod and a mount by count each get a GPU."""
     release = standin_driver
     env = {"GPU_HOTMOUNT_ON_DEMAND": "1"}
     pods: list[str] = []
@@ -287,3 +288,22 @@ def test_three_on_demand_notebooks_share_two_gpus(
         assert "%gpu: resumed" in said_third and "state 42 4.0" in said_third, said_third
         assert " onto " in said_third and _gpu_of(said_third) == on[second], said_third
         _books_match(node, {first: on[third], second: -1, third: on[second]})
+
+        # both GPUs pinned for the notebooks that hold them: an ordinary GPU pod waits
+        blocked = flows.new_name("ordinary")
+        node.apply(flows.gpu_pod_manifest(blocked, 1))
+        try:
+            flows.wait_unschedulable(node, blocked)
+        finally:
+            flows.delete_pod(node, blocked)
+
+    # the notebooks gone, their GPUs are the node's again: an ordinary pod gets one, and a
+    # mount by count the other, through its holder
+    assert len(flows.ordinary_gpu_pod(node)) == 1
+    counted = flows.new_name("counted")
+    with flows.running_pod(node, flows.quick_pod_manifest(counted)):
+        flows.nvcli_ok(node, "alice", "mount", "--name", counted, "--count", "1")
+        [holder] = flows.holders_of(node, counted)
+        [gpu] = flows.pod_resources()[("default", holder["metadata"]["name"])]
+        assert flows.mounted_uuids(node, "alice", counted) == [gpu]
+        flows.nvcli_ok(node, "alice", "unmount", "--name", counted, "--all")
