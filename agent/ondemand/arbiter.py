@@ -58,7 +58,7 @@ from agent.ondemand.queue import (
     estimate,
     ordinal,
 )
-from hotmount.api import Engine, HotmountError
+from hotmount.api import Candidate, Engine, HotmountError
 from hotmount.wire.ondemand import (
     AcquireRequest,
     AcquireResult,
@@ -74,6 +74,7 @@ LEASE = 30.0  # a waiter that has not asked again for this long stopped waiting
 HOLDS_KEPT = 32  # recent holds the estimate is the median of
 MAX_BLOCKED = 16  # acquire calls that may wait on a worker thread at once (of the 40)
 WORKERS = 4  # hand-overs (suspends, resumes, first mounts) under way at once
+FREE_TTL = 2.0  # seconds the free GPUs, as read, stand for planning when nothing ended
 RETRY_AFTER = 2.0  # seconds a caller answered at once, past MAX_BLOCKED, waits to ask again
 REFUSED_BACKOFF = 30.0  # seconds a pod whose suspend was refused is not suspended again
 
@@ -97,6 +98,9 @@ class Arbiter:
     _blocked: int = 0  # acquire calls waiting on a worker thread now
     _workers: ThreadPoolExecutor | None = None
     _reserved: set[str] = field(default_factory=set)  # GPUs planned for hand-overs under way
+    _free: list[Candidate] = field(default_factory=list)  # the last read of the free GPUs
+    _free_at: float = float("-inf")
+    _changed: bool = True  # a hand-over or suspend ended since that read
 
     def __post_init__(self) -> None:
         self.queue = FairQueue(
@@ -334,10 +338,12 @@ class Arbiter:
         """The hand-overs to start now (planning.py), their waiters and victims marked
         `moving` and their GPUs reserved until each ends."""
         with self._cond:
-            if not len(self.queue):
+            head = next(iter(self.queue.waiting()), None)
+            waiter = self._pods.get((head.namespace, head.pod)) if head else None
+            if waiter is None:
                 return []
             reserved = set(self._reserved)
-        free = [g for g in self.handover.free(None, frozenset()) if g.key not in reserved]
+        free = [g for g in self._free_gpus(waiter, now) if g.key not in reserved]
         with self._cond:
             lines = [
                 [(t, r.ticket) for r in self.queue.order(model)
@@ -351,6 +357,19 @@ class Arbiter:
                     tracked.moving = True
                 self._reserved.update(task.keys)
             return tasks
+
+    def _free_gpus(self, waiter: Tracked, now: float) -> list[Candidate]:
+        """The free GPUs, read again after a hand-over or a suspend ended and at most once
+        a FREE_TTL otherwise: each read asks the kubelet's PodResources once per GPU, and
+        the kubelet allows all its clients 100 calls a second. A waiter holds no GPU, so
+        what the kubelet gave any pod is taken for all of them. A GPU taken since the last
+        read fails its hand-over as taken, and is tried again after the next one."""
+        with self._cond:
+            fresh = not self._changed and now - self._free_at < FREE_TTL
+            self._changed = False
+        if not fresh:
+            self._free, self._free_at = self.handover.free(waiter), now
+        return list(self._free)
 
     def _hand_over(self, task: HandOverTask) -> None:
         """On a worker: suspend the victims, then attach the waiter onto the GPUs planned.
@@ -381,6 +400,7 @@ class Arbiter:
                 for tracked in (waiter, *task.victims):
                     tracked.moving = False
                 self._reserved.difference_update(task.keys)
+                self._changed = True
                 self._cond.notify_all()
 
     def _idle_suspend(self, tracked: Tracked) -> None:
@@ -390,7 +410,7 @@ class Arbiter:
             log.exception("on-demand idle suspend of %s/%s failed", *tracked.key)
         finally:
             with self._cond:
-                tracked.moving = False
+                tracked.moving, self._changed = False, True
                 self._cond.notify_all()
 
     def _fail(self, tracked: Tracked, ticket: int, exc: ApiError | HotmountError) -> None:

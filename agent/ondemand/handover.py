@@ -98,13 +98,16 @@ class HandOver:
         self.metrics.attaches.labels("first").inc()
         return {}
 
-    def free(self, model: str | None, taken: frozenset[str]) -> list[Candidate]:
-        """Free whole GPUs of `model` (any: None), one name each. A GPU NVML cannot name
-        is left out: a suspended pod resumes only onto a GPU of its own model."""
+    def free(self, waiter: Tracked) -> list[Candidate]:
+        """Whole GPUs no one holds, as `waiter` sees them: no hot-mount's, none the kubelet
+        gave a pod (an ordinary GPU pod's, or another notebook's pin), one name each. A GPU
+        NVML cannot name is left out: a suspended pod resumes only onto its own model."""
         seen: set[str] = set()
         free = []
-        for gpu in self.engine.suspender.free_gpus(taken):
-            if gpu.model and gpu.uuid not in seen and model in (None, gpu.model):
+        for gpu in self.engine.suspender.free_gpus(
+            self.suspending.allocated_elsewhere(waiter.info)
+        ):
+            if gpu.model and gpu.uuid not in seen:
                 seen.add(gpu.uuid)
                 free.append(gpu)
         return free

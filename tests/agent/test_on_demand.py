@@ -133,6 +133,22 @@ def test_an_idle_gpu_is_suspended_after_the_pods_idle_time_without_a_warning(
     assert not world.cluster.events("GPUIdleSoon")  # no warning first: the next cell resumes
 
 
+def test_a_gpu_the_kubelet_gave_an_ordinary_pod_is_never_handed_out(world: World) -> None:
+    """GPU A is an ordinary pod's (the kubelet gave it): the notebook gets B, and a second
+    notebook waits rather than take A."""
+    world.cluster.pod("trainer")
+    world.cluster.kubelets["node-a"].set_allocation(
+        "default", "trainer", "main", "nvidia.com/gpu", [UUID_A]
+    )
+    for name in ("nb1", "nb2"):
+        world.cluster.pod(name, annotations=ON_DEMAND)
+    with world.agent.client(ALICE) as api:
+        assert acquire(api, "nb1")["devices"] == [B]
+        assert acquire(api, "nb2", wait=3)["state"] == "waiting"
+        [listed] = api.get(f"{PODS}/trainer/devices").json()["containers"] or [{"devices": []}]
+        assert listed["devices"] == []  # nothing hot-mounted into the ordinary pod either
+
+
 def test_another_tenant_may_neither_acquire_nor_release_a_pods_gpu(world: World) -> None:
     """Bob has no rights on the pod: his acquire and release are refused (403, before any
     queue or GPU work), and his leave cannot take a waiting notebook's place."""
