@@ -3,7 +3,7 @@
 # run by scripts/gpu-check.sh in its container, or alone in any running runc container
 # that sees the host's python3 with PyTorch (gpu-check.sh's does):
 #
-#   sudo PYTHONPATH=$PWD bash scripts/gpu-check-suspend.sh RUNC_CONTAINER [GPU]
+#   sudo PYTHONPATH=$PWD bash scripts/gpu-check-suspend.sh RUNC_CONTAINER [GPU [OTHER]]
 #
 # GPU 0 (or GPU) is hot-mounted into the container; a PyTorch process there fills
 # $SUSPEND_GIB GiB (default 4) of GPU memory with a known pattern; hotmount's engine
@@ -13,9 +13,15 @@
 # kernel on the GPU. Both steps are timed per GiB moved (NVML's count: the tensor and the
 # CUDA context). Each step that fails prints "FAIL: ..." and the run ends with exit 1 and
 # "suspend/resume check: FAILED"; only a run where every step held says "passed".
+# With OTHER (a runc container with /usr/local/bin/cuda-alloc, as gpu-check.sh's plain
+# one has), the GPU freed by the suspend serves OTHER before the resume, the on-demand
+# hand-over (docs/notebooks.md): mounted there with its driver ($DRIVER_ROOT, default /),
+# a 256 MiB allocation
+# runs, then it is unmounted, and the suspended process resumes onto the same GPU.
 set -u -o pipefail
-NAME=${1:?usage: gpu-check-suspend.sh RUNC_CONTAINER [GPU]}
+NAME=${1:?usage: gpu-check-suspend.sh RUNC_CONTAINER [GPU [OTHER]]}
 GPU=${2:-0}
+OTHER=${3:-}
 GIB=${SUSPEND_GIB:-4}
 SLACK_MIB=${SUSPEND_SLACK_MIB:-64}  # nvidia-smi's used memory may differ by this much
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -98,6 +104,22 @@ echo "nvidia-smi after the suspend: processes [${LEFT}], memory used $AFTER MiB 
 inside sh -c 'ls /dev/nvidia* 2>&1' | grep -q "nvidia$GPU\$" \
   && fail "/dev/nvidia$GPU is still in the container after the suspend"
 [ "$(worker_status)" = "$READY" ] || fail "the worker changed while suspended: $(worker_status)"
+
+if [ -n "$OTHER" ]; then
+  step "while suspended, the freed GPU $GPU serves $OTHER (an on-demand hand-over)"
+  OTHER_PID=$(runc state "$OTHER" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null)
+  if [ -z "$OTHER_PID" ]; then fail "no running runc container $OTHER"; else
+    (cd "$REPO" && $ENGINE mount --container "pid:$OTHER_PID" --device "$GPU" --with-driver \
+      --driver-root "${DRIVER_ROOT:-/}" > /tmp/suspend-check.other.out) || fail "the engine could not mount GPU $GPU into $OTHER"
+    grep '^export ' /tmp/suspend-check.other.out > /tmp/suspend-check.other.env
+    OTHER_SAYS=$(runc exec "$OTHER" sh -c ". /dev/stdin; cuda-alloc" < /tmp/suspend-check.other.env 2>&1)
+    echo "$OTHER: $OTHER_SAYS"
+    case "$OTHER_SAYS" in "cuda ok"*) ;; *) fail "$OTHER could not allocate on the freed GPU $GPU";; esac
+    (cd "$REPO" && $ENGINE unmount --container "pid:$OTHER_PID" --device "$GPU" >/dev/null) \
+      || fail "the engine could not unmount GPU $GPU from $OTHER"
+    OTHER_LEFT=$(apps); [ -z "$OTHER_LEFT" ] || fail "a process stays on GPU $GPU after $OTHER's turn: $OTHER_LEFT"
+  fi
+fi
 
 step "engine: resume"
 engine resume || die "the resume failed"

@@ -9,7 +9,8 @@
 # 256 MiB allocation through the driver API (a small C program that dlopens libcuda.so.1)
 # run inside, and are gone after the unmount. Needs gcc and busybox too. Last, the
 # suspend and resume run (scripts/gpu-check-suspend.sh) in the first container: a
-# PyTorch process's GPU memory goes to host memory and back, timed per GiB; its failure
+# PyTorch process's GPU memory goes to host memory and back, timed per GiB, and while it
+# is suspended the plain container borrows the GPU (the on-demand hand-over); its failure
 # is this script's exit status.
 #
 #   sudo PYTHONPATH=$PWD bash scripts/gpu-check.sh     # python3 with torch, pydantic, pynvml
@@ -103,8 +104,8 @@ inside python3 -c 'import torch; print("cuda available:", torch.cuda.is_availabl
 step "a node made by hand in the container is refused by the device cgroup"
 inside sh -c 'mknod /tmp/nv0 c 195 0 && (exec 3<>/tmp/nv0) 2>&1; echo open rc=$?'
 
-step "mount, unmount ten times (engine timings)"
-for i in $(seq 10); do
+step "mount, unmount ${GPU_CHECK_CYCLES:-10} times (engine timings)"
+for i in $(seq "${GPU_CHECK_CYCLES:-10}"); do
   s=$(date +%s%N); $ENGINE mount --container pid:$PID --device 0 >/dev/null || echo FAIL
   m=$(date +%s%N); $ENGINE unmount --container pid:$PID --device 0 >/dev/null || echo FAIL
   e=$(date +%s%N); echo "mount $(( (m-s)/1000000 )) ms, unmount $(( (e-m)/1000000 )) ms (each a new python process)"
@@ -116,6 +117,11 @@ $ENGINE unmount --container pid:$PID --device 0 >/dev/null; echo "unmount rc=$?"
 $ENGINE status -o json
 
 step "a plain image with no NVIDIA file: the driver's files come with --with-driver"
+# The driver's root: / where a distribution package installed it, /usr/local/nvidia where
+# the node keeps it in its own tree (GKE's layout: bin/ and lib64/ beside each other)
+export DRIVER_ROOT=${DRIVER_ROOT:-/}
+[ -x /usr/local/nvidia/bin/nvidia-smi ] && [ "$DRIVER_ROOT" = / ] && DRIVER_ROOT=/usr/local/nvidia
+echo "driver root: $DRIVER_ROOT"
 runc delete -f gpuplain >/dev/null 2>&1
 trap 'runc delete -f gpucheck >/dev/null 2>&1; runc delete -f gpuplain >/dev/null 2>&1' EXIT
 P=/tmp/gpuplain; rm -rf $P; mkdir -p $P/rootfs/bin $P/rootfs/tmp $P/rootfs/usr/local/bin; cd $P
@@ -137,9 +143,15 @@ int main(void) {
 }
 CSRC
 gcc -O2 -o rootfs/usr/local/bin/cuda-alloc cuda_alloc.c -ldl || echo "gcc failed: no allocation check"
-# glibc where a Debian/Ubuntu image has it; no NVIDIA library comes along, only libc's own
+# glibc where a Debian/Ubuntu image has it (libc, and the libpthread, libdl, libm and
+# librt that nvidia-smi links); no NVIDIA library comes along, only libc's own
 for lib in $(ldd rootfs/usr/local/bin/cuda-alloc | grep -o '/[^ ]*'); do
   mkdir -p "rootfs$(dirname "$lib")"; cp -L "$lib" "rootfs$lib"
+  case "$lib" in */libc.so.6)
+    for more in libpthread.so.0 libdl.so.2 libm.so.6 librt.so.1; do
+      [ -e "$(dirname "$lib")/$more" ] && cp -L "$(dirname "$lib")/$more" "rootfs$(dirname "$lib")/"
+    done;;
+  esac
 done
 find rootfs -name 'libnvidia*' -o -name 'libcuda*' | grep . && echo "NOT PLAIN: NVIDIA files in the image"
 runc spec
@@ -160,7 +172,7 @@ plain() { runc exec gpuplain "$@"; }
 plain nvidia-smi -L; echo "before: nvidia-smi rc=$? (not found expected)"
 plain cuda-alloc; echo "before: cuda alloc rc=$? (no libcuda.so.1 expected)"
 cd $REPO
-$ENGINE mount --container pid:$PLAIN_PID --device 0 --with-driver --driver-root / > $P/mount.out
+$ENGINE mount --container pid:$PLAIN_PID --device 0 --with-driver --driver-root "$DRIVER_ROOT" > $P/mount.out
 echo "mount --with-driver rc=$?"; cat $P/mount.out
 grep '^export ' $P/mount.out > $P/env.sh
 plain sh -c ". /dev/stdin; nvidia-smi -L" < $P/env.sh; echo "after: nvidia-smi rc=$?"
@@ -170,7 +182,7 @@ plain nvidia-smi -L; echo "after the unmount: nvidia-smi rc=$? (not found expect
 plain cuda-alloc; echo "after the unmount: cuda alloc rc=$? (no libcuda.so.1 expected)"
 
 step "suspend and resume a PyTorch process's GPU memory (scripts/gpu-check-suspend.sh)"
-bash "$REPO/scripts/gpu-check-suspend.sh" gpucheck 0
+bash "$REPO/scripts/gpu-check-suspend.sh" gpucheck 0 gpuplain
 SUSPEND_RC=$?
 echo done
 exit $SUSPEND_RC

@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 _HOST_LINKS = "a driver root and its files are followed as the host itself would"
 _HOST_MOUNTS = "a driver root is a mount of its own on the host"
 _ABSENT, _PRESENT, _MISMATCH = "absent", "present", "mismatch"
-_SONAME_BYTES = 8 << 20  # the dynamic section and its strings sit near a library's start
 _CACHE_BYTES = 16 << 20
 # Every look at or change to the container's files runs in a killable child with a
 # deadline (hotmount/tenantfs/forked.py): a volume of the tenant's that never answers (a stopped
@@ -122,10 +121,15 @@ class HostSources:
     def soname(self, file: DriverFile) -> str | None:
         if ".so" not in posixpath.basename(file.path):
             return None
-        fd = self.open(file)
+        path_fd = self.open(file)
+        try:  # the O_PATH fd opened again for reading: the same file, no path walked
+            fd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        finally:
+            os.close(path_fd)
         try:
-            with open(f"/proc/self/fd/{fd}", "rb") as library:
-                return elf.soname(library.read(_SONAME_BYTES))
+            return elf.soname(lambda offset, size: os.pread(fd, size, offset))
         except OSError:
             return None
         finally:

@@ -3,6 +3,8 @@ files by version, soname links, and `auto`'s question (hotmount/driver/files.py,
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -155,9 +157,39 @@ def test_auto_looks_in_the_default_directories_and_the_containers_own_cache() ->
 def test_the_soname_is_read_from_a_real_library(tmp_path: Path) -> None:
     root = stand_in.build_root(tmp_path / "driver")
     library = root / stand_in.LIB_DIR.lstrip("/") / f"libnvidia-ml.so.{stand_in.VERSION}"
-    assert elf.soname(library.read_bytes()) == "libnvidia-ml.so.1"
-    assert elf.soname((root / "usr/bin/nvidia-smi").read_bytes()) is None
-    assert elf.soname(b"not an ELF file") is None
+    assert elf.soname_of_bytes(library.read_bytes()) == "libnvidia-ml.so.1"
+    assert elf.soname_of_bytes((root / "usr/bin/nvidia-smi").read_bytes()) is None
+    assert elf.soname_of_bytes(b"not an ELF file") is None
+
+
+@pytest.mark.skipif(nvml.gcc() is None, reason="gcc builds the library")
+def test_the_soname_of_a_library_as_large_as_libcuda_is_read(tmp_path: Path) -> None:
+    """A real libcuda.so is ~100 MiB and its dynamic section lies past its code, 90 MiB
+    in: found on a real H200, where reading only the first 8 MiB found no soname, so a
+    plain image got no libcuda.so.1 link and CUDA could not start. 24 MiB of constant
+    data here puts the dynamic section past that mark."""
+    source = tmp_path / "big.c"
+    source.write_text("const char padding[24 << 20] = {1};\nint big(void) { return padding[7]; }\n")
+    library = tmp_path / "libbig.so.580.1"
+    subprocess.run(
+        [
+            str(nvml.gcc()),
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libbig.so.1",
+            "-o",
+            str(library),
+            str(source),
+        ],
+        check=True,
+    )
+    with library.open("rb") as opened:
+        fd = opened.fileno()
+        assert elf.soname(lambda offset, size: os.pread(fd, size, offset)) == "libbig.so.1"
+        assert (
+            elf.soname(lambda offset, size: os.pread(fd, size, offset) if offset < 8 << 20 else b"")
+            is None
+        )
 
 
 def test_a_cdi_spec_is_parsed_once_per_text_and_again_when_it_changes(tmp_path: Path) -> None:
