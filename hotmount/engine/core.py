@@ -41,6 +41,7 @@ from hotmount.engine.suspension import Suspender
 from hotmount.engine.view import Mounts
 from hotmount.errors import HotmountError
 from hotmount.host.containers import Container, ContainerRef, ContainerResolver
+from hotmount.host.liveness import Liveness
 from hotmount.hostfs import HostRoot
 from hotmount.netdev.moves import Netdevs
 from hotmount.netdev.plan import NetdevSpec
@@ -168,7 +169,7 @@ class Engine:
                     if riders:
                         self.ledger.save(record)
                     return MountResult(container.as_dict(), [], already)
-                with self._fs(container) as fs:
+                with self._fs(container, alive) as fs:
                     pending = self.steps.plan(record, new, fs)
                     adding = driver.records if driver is not None else []
                     # The plan goes on disk before the claims: another container that finds
@@ -409,8 +410,10 @@ class Engine:
 
     # -- helpers
     @contextlib.contextmanager
-    def _fs(self, container: Container) -> Iterator[ContainerFs]:
-        fs = open_container_fs(self._proc, container, self.config.node_method)
+    def _fs(self, container: Container, alive: Liveness | None = None) -> Iterator[ContainerFs]:
+        """The container's device nodes; through `alive`'s pin where the session has one."""
+        process = alive.pinned_process() if alive is not None else None
+        fs = open_container_fs(self._proc, container, self.config.node_method, process)
         try:
             yield fs
         finally:

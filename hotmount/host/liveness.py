@@ -4,12 +4,12 @@
 PIDs are reused: a container resolved a moment ago may have exited and its init's PID
 gone to someone else. So every operation holds a pidfd on the init (an exit is seen
 mid-operation) and proves the process by its start time, its cgroups and its mount
-namespace before anything is written.
+namespace before anything is written, read through one pinned /proc/PID directory
+(`procfs.ProcessDir`) that the operation's device nodes are then opened from.
 """
 
 from __future__ import annotations
 
-import os
 import select
 
 from hotmount.errors import ContainerNotFound, NotInContainer
@@ -76,29 +76,37 @@ class Liveness:
     def enter(self) -> Liveness:
         pid = self.container.init_pid
         try:
-            self.fd = os.pidfd_open(pid)
-        except ProcessLookupError as exc:
+            self.process = procfs.ProcessDir(self.proc, pid)
+        except ContainerNotFound as exc:
             raise ContainerNotFound(f"container {self.container.key} has exited") from exc
+        self.fd = self.process.pidfd
         try:
-            self.start_time = start_time(self.proc, pid)
+            stat = self.process.read("stat", 4096)
+            self.start_time = int(stat.rpartition(b")")[2].split()[19])  # field 22
             if self.expected_start is not None and self.start_time != self.expected_start:
                 raise ContainerNotFound(f"PID {pid} is no longer {self.container.key}'s init")
             self.check()
             if self.expected_start is not None:
                 # A cached resolution: the same process (start time), and in the very
                 # cgroups it was resolved in, so every directory derived from them holds.
-                if cgroups_of(self.proc, pid) != self.container.cgroups:
+                cgroups = parse_proc_cgroup(self.process.read("cgroup", 65536).decode())
+                if cgroups != self.container.cgroups:
                     raise ContainerNotFound(f"PID {pid} has left {self.container.key}'s cgroups")
             elif not is_member(self.container):
                 # Resolved a moment ago, gone since, its PID now someone else's: the pidfd
                 # holds whatever process has that PID, so prove it is still the container's.
                 raise ContainerNotFound(f"container {self.container.key} has exited")
-            if self.host_mnt_ns is not None and mnt_ns(self.proc, pid) == self.host_mnt_ns:
+            if self.host_mnt_ns is not None and self.process.namespace("mnt") == self.host_mnt_ns:
                 raise NotInContainer(f"process {pid} runs in the host's mount namespace")
         except BaseException:
-            os.close(self.fd)
+            self.process.close()
             raise
         return self
+
+    def pinned_process(self) -> procfs.ProcessDir:
+        """The init's /proc directory as proven here, for the caller to own and close:
+        the container's filesystem opened from it needs no second pin nor proof."""
+        return self.process.dup()
 
     def __enter__(self) -> Liveness:
         return self if hasattr(self, "fd") else self.enter()
@@ -109,7 +117,7 @@ class Liveness:
             raise ContainerNotFound(f"container {self.container.key} exited mid-operation")
 
     def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
+        self.process.close()
 
 
 def is_member(container: Container) -> bool:

@@ -459,11 +459,18 @@ def _child_dir(open_: Opener, path: str, create: bool) -> int | None:  # pragma:
     return fd
 
 
-def open_container_fs(proc: str | Path, container: Resolved, method: str = "auto") -> ContainerFs:
+def open_container_fs(
+    proc: str | Path,
+    container: Resolved,
+    method: str = "auto",
+    process: procfs.ProcessDir | None = None,
+) -> ContainerFs:
     """The container's device nodes through its init, pinned and proven to be in the
-    container's cgroups (a PID reused since the container was resolved is refused).
+    container's cgroups (a PID reused since the container was resolved is refused), or
+    through `process`, the init pinned and proven so already (a session's), taken over.
     `auto` takes openat2 where the kernel has it; `openat2`/`setns` force one."""
-    process = procfs.ProcessDir(proc, container.init_pid, container.owns)
+    if process is None:
+        process = procfs.ProcessDir(proc, container.init_pid, container.owns)
     try:
         if method == "setns" or (method == "auto" and not openat2_available()):
             return SetnsFs(process)

@@ -173,6 +173,26 @@ class ProcessDir:
         finally:
             os.close(fd)
 
+    def namespace(self, kind: str) -> str:
+        """The name of the process's namespace `kind` (`mnt:[4026531841]`)."""
+        try:
+            return os.readlink(f"ns/{kind}", dir_fd=self.fd)
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise ContainerNotFound(f"process {self.pid} has exited") from exc
+
+    def dup(self) -> ProcessDir:
+        """Another owner of the same pin (its own fds, to close on its own): what was proven
+        of this one holds for it, since both name the same process and nothing else."""
+        twin = object.__new__(ProcessDir)
+        twin.pid = self.pid
+        twin.pidfd = os.dup(self.pidfd)
+        try:
+            twin.fd = os.dup(self.fd)
+        except BaseException:
+            os.close(twin.pidfd)
+            raise
+        return twin
+
     def open_root(self) -> int:
         """An O_PATH fd of the process's root directory (through the magic link `root`:
         the one symlink this door follows on purpose, to the tenant's own `/`)."""
