@@ -10,8 +10,6 @@ namespace before anything is written, read through one pinned /proc/PID director
 
 from __future__ import annotations
 
-import select
-
 from hotmount.errors import ContainerNotFound, NotInContainer
 from hotmount.host.containers import (
     CgroupPaths,
@@ -112,8 +110,7 @@ class Liveness:
         return self if hasattr(self, "fd") else self.enter()
 
     def check(self) -> None:
-        readable, _, _ = select.select([self.fd], [], [], 0)
-        if readable:
+        if procfs.exited(self.fd):
             raise ContainerNotFound(f"container {self.container.key} exited mid-operation")
 
     def __exit__(self, *exc: object) -> None:

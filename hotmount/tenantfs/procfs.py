@@ -122,6 +122,13 @@ class OpenFds:
         return os.stat(f"{self.base}fd/{fd}")
 
 
+def exited(pidfd: int) -> bool:
+    """Whether the pidfd's process has exited (its pidfd polls readable), without waiting."""
+    watch = select.poll()
+    watch.register(pidfd, select.POLLIN)
+    return bool(watch.poll(0))
+
+
 class ProcessDir:
     """One process's /proc directory, pinned (see the module's docstring). Close it.
 
@@ -157,8 +164,7 @@ class ProcessDir:
 
     def check(self) -> None:
         """ContainerNotFound once the process has exited."""
-        readable, _, _ = select.select([self.pidfd], [], [], 0)
-        if readable:
+        if exited(self.pidfd):
             raise ContainerNotFound(f"process {self.pid} has exited")
 
     def read(self, name: str, size: int) -> bytes:
