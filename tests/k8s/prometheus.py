@@ -16,9 +16,9 @@ discovery, so that one part is served to it over HTTP discovery by the test
 (tests/k8s/kube_discovery.py: the same target groups and meta labels, listed live);
 the relabelings, TLS and token are the real Prometheus' own.
 
-Test-only changes, each said where it is made: everything is scraped and evaluated every
-second (SCRAPE), and every rule's `for:` is at most MAX_FOR; the expressions are the
-chart's, rendered with the values in `monitoring_values`.
+Test-only changes, each said where it is made: a scrape every 2 s and a rule evaluation
+every second (SCRAPE, EVALUATE), and every rule's `for:` at most MAX_FOR; the
+expressions are the chart's, rendered with the values in `monitoring_values`.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ from tests.support.ports import free_port
 
 PROMETHEUS = shutil.which("prometheus")  # Debian's `prometheus` (scripts/setup.sh)
 CRDS = flows.REPO / "tests" / "deploy" / "monitoring" / "crds"
-SCRAPE = 1.0  # seconds between scrapes and between rule evaluations (test-only: fast)
+# Seconds between scrapes (each may take as long) and between rule evaluations; test-only:
+# fast. A scrape of 1 s timed out now and then on the busy 2-core CI machine.
+SCRAPE, EVALUATE = 2.0, 1.0
 MAX_FOR = "2s"  # every rule's `for:` at most this (test-only: HotmountAgentDown's is 5m)
 # HotmountOnDemandQueueNotDraining's window (`rules.onDemandQueue.for`, 10m by default): in
 # flow 26 the third notebook waits about 11 s, with no GPU attached meanwhile.
@@ -146,8 +148,20 @@ class Prometheus:
     def fired_between(self, alert: str, start: float, end: float) -> list[float]:
         """When the rule manager recorded the alert firing (its ALERTS series)."""
         expr = f'ALERTS{{alertname="{alert}",alertstate="firing"}}'
-        series = self.query_range(expr, start, end, SCRAPE)
+        series = self.query_range(expr, start, end, EVALUATE)
         return sorted(float(t) for s in series for t, _ in s["values"])
+
+    def scrape_health(self) -> str:
+        """How the scrapes went since the start: for a failure's message."""
+        since = f"{max(1, round(time.time() - self.started))}s"
+        parts = []
+        for what, expr in (
+            ("scrapes", f"count_over_time(up[{since}])"),
+            ("failed", f"count_over_time((up == 0)[{since}:{SCRAPE:g}s])"),
+            ("slowest", f"max_over_time(scrape_duration_seconds[{since}])"),
+        ):
+            parts += [f"{what} {r['value'][1]}" for r in self.query(expr)]
+        return ", ".join(parts)
 
     def log_tail(self) -> str:
         return (self.workdir / "prometheus.log").read_text(errors="replace")[-4000:]
@@ -201,7 +215,7 @@ def start(node: Node, release: flows.Release) -> Prometheus:
         every = f"{SCRAPE:g}s"
         settings = {
             "global": {"scrape_interval": every, "scrape_timeout": every,
-                       "evaluation_interval": every},
+                       "evaluation_interval": f"{EVALUATE:g}s"},
             "rule_files": [str(workdir / "rules.yaml")],
             "scrape_configs": [scrape],
         }  # fmt: skip

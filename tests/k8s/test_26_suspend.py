@@ -102,7 +102,9 @@ def prometheus(node: Node, standin_driver: flows.Release) -> Iterator[prom.Prome
         try:
             yield started
         finally:
+            begun = time.monotonic()
             started.stop()
+            TIMINGS["prometheus stop"] = time.monotonic() - begun
     finally:
         standin_driver.monitoring = {}
 
@@ -390,11 +392,15 @@ def test_operators_see_it_in_a_real_prometheus(
             forced = flows.nvcli(node, "admin", "mount", "--name", pod, "--mount", "1", "--force")
             assert forced.returncode == 0, forced.stderr
             _seen(prometheus, "hotmount_gpu_double_bookings_taken_back_total > 0")
+            _seen(prometheus, "max_over_time(hotmount_gpu_double_booked[5m]) > 0")
 
             drawn = prom.dashboard_data(prometheus, prometheus.started, time.time())
             empty = [q for q, n in drawn.items() if n == 0]
             allowed = [q for q in empty if any(m in q for m in NEEDS_A_FAULT)]
-            assert empty == allowed, "dashboard queries without data:\n" + "\n".join(empty)
+            assert empty == allowed, (
+                "dashboard queries without data:\n" + "\n".join(empty)
+                + f"\nscrapes: {prometheus.scrape_health()}"
+            )  # fmt: skip
             for metric in NEEDS_A_FAULT:
                 assert prom.metadata(prometheus, metric), metric
             flows.nvcli_ok(node, "alice", "unmount", "--name", pod, "--all")
@@ -413,4 +419,7 @@ def test_operators_see_it_in_a_real_prometheus(
 
 def _seen(prometheus: prom.Prometheus, expr: str) -> None:
     """Until Prometheus has scraped what makes `expr` true (a few reconciles at most)."""
-    flows.wait_for(f"Prometheus sees {expr}", lambda: prometheus.query(expr), 40, every=1)
+    try:
+        flows.wait_for(f"Prometheus sees {expr}", lambda: prometheus.query(expr), 40, every=1)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nscrapes: {prometheus.scrape_health()}") from None
