@@ -49,7 +49,8 @@ from tests.support.ports import free_port
 PROMETHEUS = shutil.which("prometheus")  # Debian's `prometheus` (scripts/setup.sh)
 CRDS = flows.REPO / "tests" / "deploy" / "monitoring" / "crds"
 # Seconds between scrapes (each may take as long) and between rule evaluations; test-only:
-# fast. A scrape of 1 s timed out now and then on the busy 2-core CI machine.
+# fast. A scrape may take 2 s on the busy 2-core CI machine (a 1 s one seemed to miss
+# the double-booked gauge once).
 SCRAPE, EVALUATE = 2.0, 1.0
 MAX_FOR = "2s"  # every rule's `for:` at most this (test-only: HotmountAgentDown's is 5m)
 # HotmountOnDemandQueueNotDraining's window (`rules.onDemandQueue.for`, 10m by default): in
