@@ -200,14 +200,6 @@ class Release:
             self.dra, self.nvml_config = dra, nvml_config
             self.upgrade()
 
-    def set_monitoring(self, monitoring: dict[str, Any]) -> None:
-        """The chart's monitoring.* values (flow 26's Prometheus): objects beside the
-        agent's, whose pod stays as it is (no new pod to wait for)."""
-        if monitoring != self.monitoring:
-            self.monitoring = monitoring
-            self.values_file.write_text(yaml.safe_dump(self.values()))
-            self.helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(self.values_file))
-
     def upgrade(self) -> None:
         """`helm upgrade` with values() as they are now; the new agent pod Ready."""
         before = self.agent_pod()

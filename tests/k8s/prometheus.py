@@ -192,7 +192,11 @@ def start(node: Node, release: flows.Release) -> Prometheus:
     names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in sorted(CRDS.glob("*"))]
     node.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                  *(f"crd/{name}" for name in names))  # fmt: skip
-    release.set_monitoring(monitoring_values(QUEUE_WINDOW))
+    # Objects beside the agent's: its pod stays as it is (no new pod to wait for).
+    release.monitoring = monitoring_values(QUEUE_WINDOW)
+    release.values_file.write_text(yaml.safe_dump(release.values()))
+    release.helm("upgrade", RELEASE, str(flows.CHART), "-n", NAMESPACE, "-f",
+                 str(release.values_file))  # fmt: skip
     monitor = _get(node, "servicemonitor", RELEASE)
     rule = _get(node, "prometheusrule", RELEASE)
     dashboard = json.loads(_get(node, "configmap", f"{RELEASE}-dashboard")["data"][DASHBOARD_KEY])
