@@ -102,6 +102,7 @@ class Release:
     driver: dict[str, Any] = field(default_factory=dict)  # the chart's driver.* values
     dra: dict[str, Any] = field(default_factory=dict)  # the chart's dra.* values
     nvml_config: str = "gpus.conf"  # in gpus.nvml_dir: which GPUs the fake NVML shows
+    monitoring: dict[str, Any] = field(default_factory=dict)  # the chart's monitoring.*
     # more extraEnv, extraVolumes, extraVolumeMounts entries (the stand-in CUDA driver's)
     extras: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     values_file: Path = field(init=False)
@@ -150,6 +151,7 @@ class Release:
             },
             **({"driver": self.driver} if self.driver else {}),
             **({"dra": self.dra} if self.dra else {}),
+            **({"monitoring": self.monitoring} if self.monitoring else {}),
         }
 
     def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -1,6 +1,9 @@
 """Flow 26 (issue 33): an idle notebook's GPU is suspended, used by another pod, and given
 back by the notebook's next cell, with the kernel's Python state and GPU memory intact.
-And (issue 42) three on-demand notebooks share the node's two GPUs (the last test).
+And (issue 42) three on-demand notebooks share the node's two GPUs; and a real Prometheus
+(tests/k8s/prometheus.py), scraping the agent all along as the chart's ServiceMonitor
+says, draws every panel of the chart's dashboard and fires, then resolves, the chart's
+HotmountOnDemandQueueNotDraining and HotmountAgentDown (the last test).
 
 The notebook pod runs a kernel (tests/k8s/notebook.py's `Kernel`) with the pod annotated
 `hotmount.io/idle-policy: suspend`, as a user would: `%load_ext cli.notebook`, `%gpu
@@ -25,6 +28,7 @@ FAKE_CUDA_STATE_DIR, in the agent's pod). There is no driver behind the GPU node
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -36,8 +40,10 @@ import pytest
 from tests.fakes import driver, nvml
 from tests.fakes.nvml import FakeActivity, FakeGpu
 from tests.k8s import flows
-from tests.k8s.flows import ABSENT, GRANTED, NVML_ACTIVITY, NVML_GPUS
-from tests.k8s.node.cluster import Node
+from tests.k8s import prometheus as prom
+from tests.k8s.conftest import TIMINGS
+from tests.k8s.flows import ABSENT, EXIT_CONFLICT, GRANTED, NVML_ACTIVITY, NVML_GPUS
+from tests.k8s.node.cluster import NODE_NAME, Node
 from tests.k8s.notebook import Kernel, notebook_pod
 
 pytestmark = pytest.mark.skipif(nvml.gcc() is None, reason="gcc builds the stand-in driver")
@@ -78,6 +84,29 @@ def standin_driver(
         yield hotmount
     finally:
         hotmount.set_driver_and_extras({}, {})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prometheus(node: Node, standin_driver: flows.Release) -> Iterator[prom.Prometheus | None]:
+    """A real Prometheus scraping the agent through this module's flows (the last test
+    reads it); None where Debian's `prometheus` is missing (that test then skips, or
+    fails under CI). The chart's monitoring goes off again with standin_driver's own
+    upgrade, right after this."""
+    if prom.PROMETHEUS is None and not os.environ.get("CI"):
+        yield None
+        return
+    try:
+        begun = time.monotonic()
+        started = prom.start(node, standin_driver)
+        TIMINGS["prometheus start (flow 26)"] = time.monotonic() - begun
+        try:
+            yield started
+        finally:
+            begun = time.monotonic()
+            started.stop()
+            TIMINGS["prometheus stop"] = time.monotonic() - begun
+    finally:
+        standin_driver.monitoring = {}
 
 
 def _nvml_shows(release: flows.Release, pids_on_gpu0: tuple[int, ...]) -> None:
@@ -263,10 +292,11 @@ def test_three_on_demand_notebooks_share_two_gpus(
         assert sorted(on.values()) == [0, 1], said
         _books_match(node, {**on, third: -1})
 
-        # two long cells: both GPUs busy while the third notebook's cell asks
+        # two long cells: both GPUs busy while the third notebook's cell asks (and waits
+        # longer than HotmountOnDemandQueueNotDraining's window, prom.QUEUE_WINDOW)
         with ThreadPoolExecutor(2) as pool:
-            short = pool.submit(kernels[0].run, "import time; time.sleep(8)")
-            long = pool.submit(kernels[1].run, "import time; time.sleep(20)")
+            short = pool.submit(kernels[0].run, "import time; time.sleep(14)")
+            long = pool.submit(kernels[1].run, "import time; time.sleep(24)")
             time.sleep(3)
             said_third = kernels[2].run(START_HERE)
             short.result(), long.result()
@@ -307,3 +337,97 @@ def test_three_on_demand_notebooks_share_two_gpus(
         [gpu] = flows.pod_resources()[("default", holder["metadata"]["name"])]
         assert flows.mounted_uuids(node, "alice", counted) == [gpu]
         flows.nvcli_ok(node, "alice", "unmount", "--name", counted, "--all")
+
+
+QUEUE_ALERT, AGENT_DOWN = "HotmountOnDemandQueueNotDraining", "HotmountAgentDown"
+# Dashboard queries that may draw nothing here, and why; each is checked otherwise below.
+MAY_BE_EMPTY = {
+    # no reclaim fails in these flows: Prometheus must still know the metric (its metadata)
+    "hotmount_gpu_reclaim_failures_total": "metadata",
+    # 1 from the pass that finds a double booking to the next, which finds it taken back:
+    # here one scrape, so a range query's steps can fall beside it (the same panel's
+    # taken-back counter draws it). Prometheus must have scraped it at 1 (_seen below).
+    "hotmount_gpu_double_booked": "seen",
+}
+
+
+def test_operators_see_it_in_a_real_prometheus(
+    node: Node, standin_driver: flows.Release, prometheus: prom.Prometheus | None
+) -> None:
+    """Prometheus found the agent through the ServiceMonitor's discovery and relabelings
+    (one target: the node-local Service's endpoints dropped) and scrapes it with the
+    chart's metrics-reader token. The queue alert fired while the third notebook waited
+    (above) and resolved once it got a GPU. Then, with a GPU hot-mounted by name, a
+    refused call, a device node removed in the pod (reconcile puts it back: a drift
+    repair) and a GPU forced past the scheduler's books (double booked, taken back),
+    every query of the shipped dashboard draws data, as Grafana would ask for it, but
+    two (MAY_BE_EMPTY: failed reclaims, none here; the double booking, gone within about
+    a scrape), each checked otherwise. Last,
+    the agent frozen: HotmountAgentDown fires, naming the node and the pod, and
+    resolves once it is thawed."""
+    if prometheus is None:
+        prom.cannot("no prometheus: `apt-get install prometheus` (scripts/setup.sh does)")
+    assert prometheus is not None
+    release = standin_driver
+    agent = release.agent_pod()
+    target = prom.the_target(prometheus)
+    assert target["labels"]["pod"] == agent, target
+
+    fired = prometheus.fired_between(QUEUE_ALERT, prometheus.started, time.time())
+    assert fired, f"{QUEUE_ALERT} never fired\n{prometheus.log_tail()}"
+    [queue] = prometheus.query("hotmount_ondemand_queue_length", fired[0])
+    assert float(queue["value"][1]) > 0, ("it fired while none waited", queue)
+    assert prometheus.firing(QUEUE_ALERT) == [], "it did not resolve"
+    [alert] = prometheus.query(f'last_over_time(ALERTS{{alertname="{QUEUE_ALERT}"}}[1h])')
+    assert alert["metric"]["node"] == NODE_NAME and alert["metric"]["severity"] == "warning"
+
+    activity = release.gpus.nvml_dir / NVML_ACTIVITY
+    nvml.write_activity(activity, [FakeActivity(GPU0, gpu=60)])
+    pod, ordinary = flows.new_name("watched"), flows.new_name("ordinary")
+    manifest = flows.quick_pod_manifest(pod)
+    manifest["metadata"]["annotations"] = {"hotmount.io/idle-policy": "unused",
+                                           "hotmount.io/idle-timeout": "1h"}  # fmt: skip
+    try:
+        with flows.running_pod(node, manifest):
+            flows.nvcli_ok(node, "alice", "mount", "--name", pod, "--mount", "0")
+            node.kubectl("exec", pod, "--", "rm", "/dev/nvidia0")
+            _seen(prometheus, 'hotmount_drift_repairs_total{kind="node"}')
+            # GPU 1 the kubelet's for an ordinary pod: refused, then forced into this one
+            node.apply(flows.gpu_pod_manifest(ordinary, 1))
+            assert flows.given_to(node, ordinary) == (NVML_GPUS[1].uuid,)
+            refused = flows.nvcli(node, "alice", "mount", "--name", pod, "--mount", "1")
+            assert refused.returncode == EXIT_CONFLICT, (refused.returncode, refused.stderr)
+            forced = flows.nvcli(node, "admin", "mount", "--name", pod, "--mount", "1", "--force")
+            assert forced.returncode == 0, forced.stderr
+            _seen(prometheus, "hotmount_gpu_double_bookings_taken_back_total > 0")
+            _seen(prometheus, "max_over_time(hotmount_gpu_double_booked[5m]) > 0")
+
+            drawn = prom.dashboard_data(prometheus, prometheus.started, time.time())
+            empty = [q for q, n in drawn.items() if n == 0]
+            allowed = [q for q in empty if any(m in q for m in MAY_BE_EMPTY)]
+            assert empty == allowed, (
+                "dashboard queries without data:\n" + "\n".join(empty)
+                + f"\nscrapes: {prometheus.scrape_health()}"
+            )  # fmt: skip
+            for metric in (m for m, how in MAY_BE_EMPTY.items() if how == "metadata"):
+                assert prom.metadata(prometheus, metric), metric
+            flows.nvcli_ok(node, "alice", "unmount", "--name", pod, "--all")
+    finally:
+        flows.delete_pod(node, ordinary)
+        activity.unlink(missing_ok=True)
+
+    with flows.agent_frozen(node, release):
+        down = flows.wait_for(f"{AGENT_DOWN} fires", lambda: prometheus.firing(AGENT_DOWN), 12)
+    [firing] = down
+    assert (firing["labels"]["node"], firing["labels"]["pod"]) == (NODE_NAME, agent), firing
+    assert NODE_NAME in firing["annotations"]["summary"], firing
+    flows.wait_for(f"{AGENT_DOWN} resolves", lambda: not prometheus.firing(AGENT_DOWN), 30)
+    assert [t["health"] for t in prometheus.targets()["activeTargets"]] == ["up"]
+
+
+def _seen(prometheus: prom.Prometheus, expr: str) -> None:
+    """Until Prometheus has scraped what makes `expr` true (a few reconciles at most)."""
+    try:
+        flows.wait_for(f"Prometheus sees {expr}", lambda: prometheus.query(expr), 40, every=1)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nscrapes: {prometheus.scrape_health()}") from None
