@@ -30,6 +30,8 @@ For each mount it takes three times from the moment nvcli is started:
 
 Prints p50/p99 per mode, the ratios to the unmanaged mount, and the machine's load
 before and after. Nothing here asserts a time: these machines are shared and noisy.
+`PIN_BENCH_AGENT_LOG=FILE` writes the agent's log there before the cluster goes (its
+access log has each request's `durationMs`, the agent's own share of the reply).
 
 Notes (one run on 2026-11-25, Kubernetes 1.37, 2 shared vCPUs, load 2.4 at the start and
 6 to 18 during the run, 20 mounts per mode in 2 blocks), p50 / p99:
@@ -242,6 +244,17 @@ def main() -> int:
                             samples[mode].setdefault(what, []).append(took)
                     print(f"block {block + 1}/{args.rounds} {mode}: done ({machine()})", flush=True)
     finally:
+        if os.environ.get("PIN_BENCH_AGENT_LOG") and release is not None:
+            logs = node.kubectl(
+                "logs",
+                "-n",
+                flows.NAMESPACE,
+                "-l",
+                "app.kubernetes.io/name=gpu-hotmount",
+                "--tail=-1",
+                check=False,
+            )
+            Path(os.environ["PIN_BENCH_AGENT_LOG"]).write_text(logs.stdout + logs.stderr)
         if release is not None:
             release.uninstall()
         if plugin.running is not None:
