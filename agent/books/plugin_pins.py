@@ -10,9 +10,10 @@ allocation from then on. So, within the node's turn (`HolderPods.turn`):
    deleted: the wanted GPU is now the only free one;
 3. the tenant's pin, in the target's namespace (its quota pays for exactly the GPUs it
    keeps), takes it; once PodResources lists the pin with the wanted GPU the books are
-   right, and every blocker is deleted at once, beside the rest of the mount: the mount
-   answers without waiting for those deletions, and the next turn starts only once they
-   are done (agent/books/turns.py). The pin goes on starting in the background; the
+   right, and every blocker is deleted, beside the rest of the mount and a moment later
+   (`BLOCKERS_LINGER`, cut short by the next turn): the mount answers without waiting
+   for those deletions, and the next turn starts only once they are done
+   (agent/books/turns.py). The pin goes on starting in the background; the
    mount does not wait for it to run.
 
 Where the time goes (issue 42, 2 GPUs, a loaded 2-core node, medians): three
@@ -53,6 +54,10 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 3  # a GPU taken in the instant it was free: start again, at most this often
 POLL = 0.02  # seconds between two reads of PodResources (the kubelet allows 100 a second)
 API_EVERY = 0.25  # seconds between two reads of the pods themselves (failures only)
+# Seconds the blockers stay once the pin holds its GPU, unless the next turn comes first:
+# the mount's engine step, Event and answer (20-150 ms on a loaded node) go out before
+# their deletions and the kubelet's teardown of their sandboxes take the CPUs.
+BLOCKERS_LINGER = 0.25
 
 T = TypeVar("T")
 PodKey = tuple[str, str]  # (namespace, name)
@@ -273,7 +278,7 @@ class PluginPins:
             _each(names, lambda n: self.holders.delete(agent_ns, [n]))
 
         if later:
-            self.holders.turns.leave("deleting blockers", delete)
+            self.holders.turns.leave("deleting blockers", delete, delay=BLOCKERS_LINGER)
         else:
             delete()
 

@@ -6,10 +6,11 @@ lasts until the kubelet has admitted the pin, not until any pod runs.
 
 What a turn has left to do once its caller has the books it needs (the blockers of a
 pin the kubelet has already given its GPU: deleting them is two to eight API calls,
-40 to 260 ms on a loaded node) runs on a thread of its own, so that the mount goes on
-and answers meanwhile. The next turn starts only after that clean-up has finished, so it
-finds the node's GPUs as free as it would have had the clean-up run inside the turn
-before it.
+40 to 260 ms on a loaded node, and the kubelet then tears their sandboxes down) runs on
+a thread of its own, after a short delay, so that the mount goes on and answers first
+instead of sharing the API server and the node's CPUs with it. The next turn cuts that
+delay short and starts only after the clean-up has finished, so it finds the node's GPUs
+as free as it would have had the clean-up run inside the turn before it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Turns:
         goes on and merely finds fewer GPUs free)."""
         self.wait_limit = wait_limit
         self._lock = threading.Lock()
-        self._left: list[threading.Thread] = []
+        self._left: list[tuple[threading.Thread, threading.Event]] = []
         self._left_guard = threading.Lock()
 
     @contextmanager
@@ -38,15 +39,17 @@ class Turns:
             self.finish_left()
             yield
 
-    def leave(self, what: str, work: Callable[[], object]) -> None:
-        """Run `work` now, beside the caller, and before the next turn begins. Its failure
-        is logged (what it leaves, reconcile collects)."""
+    def leave(self, what: str, work: Callable[[], object], delay: float = 0.0) -> None:
+        """Run `work` beside the caller, `delay` seconds from now or as soon as the next
+        turn begins, whichever comes first; the next turn waits for it. Its failure is
+        logged (what it leaves, reconcile collects)."""
+        go = threading.Event()
         thread = threading.Thread(
-            target=_logged, args=(what, work), name=f"hotmount {what}", daemon=True
+            target=_later, args=(what, work, go, delay), name=f"hotmount {what}", daemon=True
         )
         with self._left_guard:
-            self._left = [t for t in self._left if t.is_alive()]
-            self._left.append(thread)
+            self._left = [(t, g) for t, g in self._left if t.is_alive()]
+            self._left.append((thread, go))
         thread.start()
 
     def finish_left(self) -> None:
@@ -54,13 +57,16 @@ class Turns:
         `wait_limit`)."""
         with self._left_guard:
             left, self._left = self._left, []
-        for thread in left:
+        for _, go in left:
+            go.set()
+        for thread, _ in left:
             thread.join(self.wait_limit)
             if thread.is_alive():
                 log.warning("%s has not finished; this turn goes on", thread.name)
 
 
-def _logged(what: str, work: Callable[[], object]) -> None:
+def _later(what: str, work: Callable[[], object], go: threading.Event, delay: float) -> None:
+    go.wait(delay)
     try:
         work()
     except Exception:

@@ -67,3 +67,21 @@ def test_a_clean_up_that_hangs_holds_the_next_turn_up_to_the_limit_only() -> Non
         waited = time.monotonic() - started
     stop.set()
     assert 0.15 < waited < 5
+
+
+def test_work_left_with_a_delay_waits_for_it_or_for_the_next_turn_whichever_is_first() -> None:
+    turns = Turns(wait_limit=10)
+    ran: list[float] = []
+    started = time.monotonic()
+    with turns.turn():
+        turns.leave("deleting blockers", lambda: ran.append(time.monotonic() - started), 0.3)
+    time.sleep(0.1)
+    assert ran == [], "the clean-up ran before its delay"
+    time.sleep(0.5)
+    assert len(ran) == 1 and ran[0] >= 0.3
+    # The next turn cuts a long delay short, and still waits for the work.
+    with turns.turn():
+        turns.leave("deleting blockers", lambda: ran.append(time.monotonic() - started), 30)
+    with turns.turn():
+        assert len(ran) == 2
+    assert time.monotonic() - started < 5
