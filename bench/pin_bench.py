@@ -46,11 +46,12 @@ Reply ratios to the unmanaged mount: 2.32x (2 GPUs) and 4.88x (8 GPUs) at p50; p
 GPUs, 20.6x. A first run found the kubelet's PodResources rate limit (100 calls a
 second for all clients): this bench read it every 5 ms and the agent every 20 ms.
 
-2026-11-28 (issue 42, 10 mounts per mode in 2 blocks, load 1.5 at the start and 10 to 14
-at the end), main then the blockers deleted a moment after the pin holds its GPU
-(a63e827), reply p50 / p99: 2 GPUs 948 / 1453 -> 631 / 955 ms, 8 GPUs 2018 / 3083 ->
-1339 / 1695 ms, unmanaged 481 -> 422 ms; books right comes after the reply with 2 GPUs
-(the blockers linger 0.25 s). The breakdown per step and both pairs: docs/benchmarks.md.
+2026-11-28 (issue 42, 10 mounts per mode in 2 blocks, load 0.7 to 1.5 at the start and
+10 to 14 at the end), main against the blockers deleted a moment after the pin holds its
+GPU (a63e827), in both orders, reply p50: 2 GPUs 948 -> 631 and 671 -> 719 ms, 8 GPUs
+2018 -> 1339 and 1247 -> 1253 ms; the agent's own share 374 -> 213 and 272 -> 230 ms,
+872 -> 540 and 782 -> 546 ms; books right comes after the reply with 2 GPUs (the
+blockers linger 0.25 s). The breakdown per step and every pair: docs/benchmarks.md.
 The shell loop that times the device open forks every 2 ms in the pod: it is part of
 the load the mounts see, the same for every mode and tree.
 """
