@@ -30,6 +30,8 @@ For each mount it takes three times from the moment nvcli is started:
 
 Prints p50/p99 per mode, the ratios to the unmanaged mount, and the machine's load
 before and after. Nothing here asserts a time: these machines are shared and noisy.
+`PIN_BENCH_AGENT_LOG=FILE` writes the agent's log there before the cluster goes (its
+access log has each request's `durationMs`, the agent's own share of the reply).
 
 Notes (one run on 2026-11-25, Kubernetes 1.37, 2 shared vCPUs, load 2.4 at the start and
 6 to 18 during the run, 20 mounts per mode in 2 blocks), p50 / p99:
@@ -43,6 +45,15 @@ Reply ratios to the unmanaged mount: 2.32x (2 GPUs) and 4.88x (8 GPUs) at p50; p
 1.31 and 1.78. Before issue 32 (scouts waited on until Running, 1.20): 4.8 s p50 with 2
 GPUs, 20.6x. A first run found the kubelet's PodResources rate limit (100 calls a
 second for all clients): this bench read it every 5 ms and the agent every 20 ms.
+
+2026-11-28 (issue 42, 10 mounts per mode in 2 blocks, load 0.7 to 1.5 at the start and
+10 to 14 at the end), main against the blockers deleted a moment after the pin holds its
+GPU (a63e827), in both orders, reply p50: 2 GPUs 948 -> 631 and 671 -> 719 ms, 8 GPUs
+2018 -> 1339 and 1247 -> 1253 ms; the agent's own share 374 -> 213 and 272 -> 230 ms,
+872 -> 540 and 782 -> 546 ms; books right comes after the reply with 2 GPUs (the
+blockers linger 0.25 s). The breakdown per step and every pair: docs/benchmarks.md.
+The shell loop that times the device open forks every 2 ms in the pod: it is part of
+the load the mounts see, the same for every mode and tree.
 """
 
 from __future__ import annotations
@@ -242,6 +253,17 @@ def main() -> int:
                             samples[mode].setdefault(what, []).append(took)
                     print(f"block {block + 1}/{args.rounds} {mode}: done ({machine()})", flush=True)
     finally:
+        if os.environ.get("PIN_BENCH_AGENT_LOG") and release is not None:
+            logs = node.kubectl(
+                "logs",
+                "-n",
+                flows.NAMESPACE,
+                "-l",
+                "app.kubernetes.io/name=gpu-hotmount",
+                "--tail=-1",
+                check=False,
+            )
+            Path(os.environ["PIN_BENCH_AGENT_LOG"]).write_text(logs.stdout + logs.stderr)
         if release is not None:
             release.uninstall()
         if plugin.running is not None:

@@ -15,10 +15,11 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from agent.books.turns import Turns
 from agent.common.intents import Intents
 from agent.common.locks import ContainerLocks
 from agent.common.results import require_kube, unclassified_text
@@ -36,6 +37,7 @@ BLOCKER_PREFIX = "hotmount-blocker-"
 HOLDER_LABEL = "hotmount.io/holder-for"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-hotmount")
 HOLDER_SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{HOLDER_LABEL}"
+RELEASE_POLL = 0.05  # seconds between two looks at a deleted holder (an unmount waits)
 
 
 # Guaranteed QoS (requests equal limits for cpu and memory): never the first pod the
@@ -175,16 +177,14 @@ class HolderPods:
         default_factory=dict, init=False, repr=False
     )
 
-    _turns: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    turns: Turns = field(init=False, repr=False)
 
-    @contextmanager
-    def turn(self) -> Iterator[None]:
-        """One holder-making mount at a time on this node: a pin's blockers take every free
-        GPU for a moment, and a count holder or another pin made meanwhile would find none.
-        A turn lasts until the kubelet has admitted the pin (well under a second), not until
-        any pod runs."""
-        with self._turns:
-            yield
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "turns", Turns(self.settings.holder_timeout))
+
+    def turn(self) -> AbstractContextManager[None]:
+        """One holder-making mount at a time on this node (agent/books/turns.py)."""
+        return self.turns.turn()
 
     @contextmanager
     def in_flight(self, namespace: str, names: Iterable[str]) -> Iterator[None]:
@@ -309,7 +309,7 @@ class HolderPods:
             while self.kube.find_pod(namespace, pod) is not None:
                 if time.monotonic() > deadline:
                     raise Timeout(f"holder pod {pod} is still there after deletion")
-                time.sleep(0.2)
+                time.sleep(RELEASE_POLL)
         return gone
 
     def release_after(

@@ -67,6 +67,19 @@ def pins_of(cluster: Cluster, pod: str) -> list[dict[str, Any]]:
     ]
 
 
+def blockers_gone(cluster: Cluster) -> None:
+    """The blockers of a pin are deleted beside the mount's answer, a moment after it
+    (agent/books/turns.py): gone within moments."""
+
+    def none_left() -> bool:
+        return not any(
+            p["metadata"].get("labels", {}).get("hotmount.io/role") == "blocker"
+            for p in cluster.kube.pods()
+        )
+
+    wait_for(none_left, "the blockers are deleted once the pin holds its GPU")
+
+
 def test_a_named_gpu_is_pinned_so_ordinary_pods_get_the_free_one(cluster: Cluster) -> None:
     """GPU 1 mounted by name: the fake kubelet hands out the first free GPU, so a single
     1-GPU holder would get GPU 0. The pin holds both, keeps the one given GPU 1, and
@@ -79,7 +92,8 @@ def test_a_named_gpu_is_pinned_so_ordinary_pods_get_the_free_one(cluster: Cluste
     [pin] = pins_of(cluster, "nb")
     assert device["pin"] == pin["metadata"]["name"]
     assert given(cluster, pin["metadata"]["name"]) == [GPU1.uuid]
-    assert cluster.kube.free_devices("node-a") == [GPU0.uuid]  # the other scout is gone
+    blockers_gone(cluster)  # the blocker of GPU 0 goes beside the mount's answer
+    assert cluster.kube.free_devices("node-a") == [GPU0.uuid]
 
     first = gpu_pod(cluster, "trainer-1")
     assert given(cluster, "trainer-1") == [GPU0.uuid], first
@@ -178,6 +192,7 @@ def test_a_double_booked_gpu_is_reported_on_both_pods_and_taken_back(cluster: Cl
     agent = cluster.agent()
     assert mount(agent, "nb", devices=["0"]).status_code == 200
     [pin] = pins_of(cluster, "nb")
+    blockers_gone(cluster)
     waiting = gpu_pod(cluster, "trainer", gpus=2)
     assert waiting["status"]["phase"] == "Pending"  # GPU 0 is pinned
     with cluster.api(cluster.kube.admin_token) as api:

@@ -12,7 +12,15 @@ import threading
 from typing import Any
 
 from tests.agent.conftest import ALICE, Cluster
-from tests.agent.test_accounting import PODS, given, gpu_pod, mount, pins_of, unmount
+from tests.agent.test_accounting import (
+    PODS,
+    blockers_gone,
+    given,
+    gpu_pod,
+    mount,
+    pins_of,
+    unmount,
+)
 from tests.fakes.dra import nvidia_slice
 from tests.support.agent import GPUS
 from tests.support.waiting import wait_for
@@ -54,7 +62,7 @@ def test_the_pin_holds_its_gpu_from_admission_and_the_mount_does_not_wait_for_it
     assert given(cluster, pin["metadata"]["name"]) == [GPU1.uuid]
     assert created_in(cluster, PODS) == 1
     assert created_in(cluster, AGENT_PODS) == 2
-    assert blockers(cluster) == []
+    blockers_gone(cluster)
     assert cluster.kube.free_devices("node-a") == [GPU0.uuid]
     trainer = gpu_pod(cluster, "trainer")
     assert given(cluster, "trainer") == [GPU0.uuid], trainer

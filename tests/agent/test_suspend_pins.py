@@ -269,10 +269,11 @@ def test_a_dra_gpu_resumes_with_a_new_claim(dra_world: World) -> None:
 
 
 def test_a_crash_after_the_pin_before_the_mount_leaves_no_pin(world: World) -> None:
-    """The agent dies once the resume's pin holds GPU A and before anything is mounted:
-    the API server holds its deletion of the blocker that kept GPU B meanwhile. The next
-    agent's reconcile deletes the pin nothing names; the suspension is as it was, and a
-    resume then goes through."""
+    """The agent dies as the resume's pin is made, before anything is mounted: the API
+    server holds the pin's creation meanwhile, and makes it once the agent is gone, so
+    the pin holds GPU A and a blocker GPU B with no agent to delete either. The next
+    agent's reconcile deletes the pin nothing names and the blocker; the suspension is
+    as it was, and a resume then goes through."""
     container, _ = world.notebook()
     assert call(world, "suspend").status_code == 200
     kube = world.cluster.kube
@@ -283,11 +284,9 @@ def test_a_crash_after_the_pin_before_the_mount_leaves_no_pin(world: World) -> N
     second = None
     try:
         assert first.wait_arrived(1), "the resume never freed A's blocker"
-        second = kube.stall(verb="delete", resource="pods")  # B's blocker, after the pin
+        second = kube.stall(verb="create", resource="pods")  # the pin
         first.release()
-        assert second.wait_arrived(1), "the resume never deleted B's blocker"
-        pin = pin_name(world)
-        assert given(world, pin) == [UUID_A]
+        assert second.wait_arrived(1), "the resume never made its pin"
         world.agent.process.kill()
         world.agent.process.wait()
     finally:
@@ -295,6 +294,9 @@ def test_a_crash_after_the_pin_before_the_mount_leaves_no_pin(world: World) -> N
         if second is not None:
             second.release()
         resume.join(60)
+    pin = wait_for(lambda: pins_of(world.cluster, "nb"), "the held pin is made")[0]
+    wait_for(lambda: given(world, pin["metadata"]["name"]) == [UUID_A], "the pin holds GPU A")
+    assert len(blockers(world.cluster)) == 1
     world.restart()
     wait_for(lambda: pins_of(world.cluster, "nb") == [], "reconcile deletes the pin")
     wait_for(lambda: blockers(world.cluster) == [], "and the blocker")
