@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scripts.monitoring_files import DASHBOARD, RULES
 from tests.agent.conftest import ALICE, METRICS, Cluster
-from tests.agent.test_accounting import GPU0, given, gpu_pod, mount, unmount
+from tests.agent.test_accounting import GPU0, blockers_gone, given, gpu_pod, mount, unmount
 from tests.agent.test_idle_reclaim import HUNG, counter, mount_fuse_gpu
 from tests.agent.test_idle_reclaim import samples as samples_of
 from tests.support.agent import AgentProcess
@@ -96,6 +96,7 @@ def test_node_gpus_puts_each_gpu_in_one_state(cluster: Cluster) -> None:
     agent = cluster.agent()
     assert node_gpus(agent) == {"free": 2, "allocated": 0, "hot_mounted": 0, "pinned": 0}
     assert mount(agent, "nb", devices=["1"]).status_code == 200
+    blockers_gone(cluster)  # GPU 0's blocker goes a moment after the answer
     gpu_pod(cluster, "trainer-1")
     assert given(cluster, "trainer-1") == [GPU0.uuid]
     assert node_gpus(agent) == {"free": 0, "allocated": 1, "hot_mounted": 0, "pinned": 1}

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.agent.conftest import ALICE, Cluster
+from tests.agent.test_accounting import blockers_gone
 from tests.fakes.kube_apiserver import AccessRule
 from tests.support.agent import GPUS, AgentProcess, pod_manifest
 from tests.support.runc import RuncContainer
@@ -89,6 +90,7 @@ def test_cdi_aliases_fold_into_the_gpu_they_name(cluster: Cluster, tmp_path: Pat
     agent = agent_with_aliases(cluster, tmp_path)
     with agent.client(ALICE) as api:
         assert mount(api, "a", devices=[ALL]).status_code == 200
+        blockers_gone(cluster)  # they go a moment after the answer, then hold nothing
         listed = devices(api)
 
     assert CTK_ALIAS not in listed and f"nvidia.com/gpu={MIG_UUID}" not in listed
