@@ -79,8 +79,7 @@ class Liveness:
             raise ContainerNotFound(f"container {self.container.key} has exited") from exc
         self.fd = self.process.pidfd
         try:
-            stat = self.process.read("stat", 4096)
-            self.start_time = int(stat.rpartition(b")")[2].split()[19])  # field 22
+            self.start_time = start_time_of(self.process.read("stat", 4096))
             if self.expected_start is not None and self.start_time != self.expected_start:
                 raise ContainerNotFound(f"PID {pid} is no longer {self.container.key}'s init")
             self.check()
@@ -167,5 +166,9 @@ def mnt_ns(proc: str, pid: int) -> str:
 
 
 def start_time(proc: str, pid: int) -> int:
-    data = read_proc(proc, pid, "stat", 4096)
-    return int(data.rpartition(b")")[2].split()[19])  # field 22: starttime
+    return start_time_of(read_proc(proc, pid, "stat", 4096))
+
+
+def start_time_of(stat: bytes) -> int:
+    """The start time in a /proc/PID/stat line (field 22, after the command's parentheses)."""
+    return int(stat.rpartition(b")")[2].split()[19])
